@@ -1,0 +1,233 @@
+"""How gradients flow through a solve: `Implicit`, `Unrolled`, `Phantom`, `OneStep`.
+
+An adjoint is passed as `adjoint=` to `fixed_point` / `root_find` (the optimistix pattern:
+an object, not a boolean flag). Each one decides how the forward loop is run and how its
+output is connected to the inputs for reverse-mode differentiation.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from ._solvers import l2_norm
+
+
+def _stop(tree):
+    dyn, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.lax.stop_gradient(dyn), static)
+
+
+class AbstractAdjoint(eqx.Module):
+    """Base class of the adjoints."""
+
+    @abc.abstractmethod
+    def attach(self, prob, args, run_loop, throw):
+        """Run the forward loop and return `(value, stats)` with gradients attached."""
+
+
+class Unrolled(AbstractAdjoint):
+    """Backpropagate through every iteration of the forward loop.
+
+    Exact gradients of the computation actually performed; memory grows linearly with the
+    number of iterations (the loop is a `lax.scan` over `max_steps` whose steps after
+    convergence are skipped). The reference the implicit gradients are tested against.
+    """
+
+    def attach(self, prob, args, run_loop, throw):
+        return run_loop(prob, args, differentiable=True)
+
+
+class Implicit(AbstractAdjoint):
+    r"""Implicit differentiation at the solution (implicit function theorem).
+
+    For a fixed point x* = g(x*, θ) the cotangent ḡ of x* is pulled back by solving the
+    adjoint linear system (I − ∂g/∂x)ᵀ w = ḡ at x* and returning wᵀ ∂g/∂θ; for a root
+    F(x*, θ) = 0 it solves (∂F/∂x)ᵀ w = −ḡ. Matrix-free: only vector–Jacobian products of the
+    map are used, the Jacobian is never formed. Memory does not depend on how many forward
+    iterations were taken.
+
+    **Arguments:**
+
+    - `linear_solver`: `"gmres"` (default, robust), `"bicgstab"`, or `"picard"` (the Neumann
+      iteration w ← ḡ + (∂g/∂x)ᵀ w, which needs a contractive map).
+    - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
+    - `max_steps`: most matrix–vector products the adjoint solve may use.
+    - `restart`: Krylov subspace size for GMRES.
+
+    A backward solve that misses its tolerance (checked on the true residual, after the
+    solve) raises when the forward call had `throw=True`, and otherwise makes the gradients
+    NaN. It never returns silent zeros.
+    """
+
+    linear_solver: str = "gmres"
+    tol: float = 1e-5
+    max_steps: int = 200
+    restart: int = 20
+
+    def __check_init__(self):
+        if self.linear_solver not in ("gmres", "bicgstab", "picard"):
+            raise ValueError(
+                f"Implicit(linear_solver={self.linear_solver!r}): choose 'gmres', "
+                "'bicgstab' or 'picard'."
+            )
+        if not self.tol > 0:
+            raise ValueError(f"Implicit(tol={self.tol}) must be > 0.")
+        if not (isinstance(self.max_steps, int) and self.max_steps >= 1):
+            raise ValueError(f"Implicit(max_steps={self.max_steps!r}) must be an int >= 1.")
+
+    def attach(self, prob, args, run_loop, throw):
+        value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
+        value = _implicit_identity((prob, args), value, self, throw)
+        return value, stats
+
+    # The adjoint linear solve: A^T w = b with A = I - dg/dx (fixed point) or dF/dx (root).
+    def solve_transpose(self, kind, vjp_x, b):
+        if kind == "fixed_point":
+            def matvec(w):
+                return w - vjp_x(w)
+        else:
+            def matvec(w):
+                return vjp_x(w)
+
+        if self.linear_solver == "gmres":
+            restart = max(1, min(self.restart, b.shape[0]))
+            w, _ = jax.scipy.sparse.linalg.gmres(
+                matvec, b, x0=b, tol=self.tol, restart=restart,
+                maxiter=max(1, math.ceil(self.max_steps / restart)),
+                solve_method="batched",
+            )
+        elif self.linear_solver == "bicgstab":
+            w, _ = jax.scipy.sparse.linalg.bicgstab(
+                matvec, b, x0=b, tol=self.tol, maxiter=self.max_steps
+            )
+        else:
+            bnorm = l2_norm(b)
+
+            def cond(c):
+                w, r, k = c
+                return (k < self.max_steps) & (l2_norm(r) > self.tol * bnorm)
+
+            def body(c):
+                w, r, k = c
+                w = w + r  # Richardson / Neumann step: w <- b + (I - A^T) w
+                return w, b - matvec(w), k + 1
+
+            w, _, _ = jax.lax.while_loop(cond, body, (b, b - matvec(b), 0))
+        resid = l2_norm(matvec(w) - b)
+        ok = resid <= 10.0 * self.tol * l2_norm(b) + jnp.finfo(b.dtype).tiny
+        return w, ok & jnp.all(jnp.isfinite(w))
+
+
+_BACKWARD_MSG = (
+    "Implicit adjoint: the backward linear solve did not reach its tolerance, so the "
+    "gradient of this fixed point / root is unreliable (I - dg/dx may be near-singular: the "
+    "fixed point is close to a bifurcation). Raise Implicit(max_steps=...), try "
+    "linear_solver='gmres' with a larger restart, use adjoint=Unrolled(), or pass "
+    "throw=False to receive NaN gradients instead of this error."
+)
+
+
+@eqx.filter_custom_vjp
+def _implicit_identity(vjp_arg, value, adjoint, throw):
+    del vjp_arg, adjoint, throw
+    return value
+
+
+@_implicit_identity.def_fwd
+def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw):
+    del perturbed, vjp_arg, adjoint, throw
+    return value, None
+
+
+@_implicit_identity.def_bwd
+def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw):
+    del residuals, perturbed
+    prob, args = vjp_arg
+    diff, static = eqx.partition(vjp_arg, eqx.is_inexact_array)
+
+    def fn_of(d, x):
+        p, a = eqx.combine(d, static)
+        return p.fn(x, a)
+
+    _, vjp_x = jax.vjp(lambda x: fn_of(diff, x), value)
+    b = g_value if prob.kind == "fixed_point" else -g_value
+    w, ok = adjoint.solve_transpose(prob.kind, lambda v: vjp_x(v)[0], b)
+    if throw:
+        w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
+    else:
+        w = jnp.where(ok, w, jnp.nan)
+    _, vjp_d = jax.vjp(lambda d: fn_of(d, value), diff)
+    (g_diff,) = vjp_d(w)
+    return g_diff
+
+
+class Phantom(AbstractAdjoint):
+    """Phantom gradients (Geng et al., 2021): backpropagate through `steps` damped steps
+    x ← (1 − damping)·x + damping·g(x) started at the (gradient-stopped) solution.
+
+    The forward value is exactly the solved x*; only the gradient is approximate. Cheap and
+    memory-light; the error shrinks as `steps` grows for a contractive map. Fixed points only.
+    """
+
+    steps: int = 5
+    damping: float = 0.5
+
+    def __check_init__(self):
+        if not (isinstance(self.steps, int) and self.steps >= 1):
+            raise ValueError(f"Phantom(steps={self.steps!r}) must be an int >= 1.")
+        if not (0.0 < self.damping <= 1.0):
+            raise ValueError(f"Phantom(damping={self.damping}) must be in (0, 1].")
+
+    def attach(self, prob, args, run_loop, throw):
+        if prob.kind != "fixed_point":
+            raise ValueError("Phantom gradients are defined for fixed_point only.")
+        value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
+        y = jax.lax.stop_gradient(value)
+        for _ in range(self.steps):
+            y = (1.0 - self.damping) * y + self.damping * prob.fn(y, args)
+        return value + (y - jax.lax.stop_gradient(y)), stats
+
+
+class OneStep(AbstractAdjoint):
+    """Jacobian-free backprop (Fung et al., 2022): the gradient of one application of the map
+    at the solution, ∂g(x*, θ)/∂θ, i.e. (I − ∂g/∂x)⁻¹ replaced by I. Fixed points only.
+    """
+
+    def attach(self, prob, args, run_loop, throw):
+        if prob.kind != "fixed_point":
+            raise ValueError("OneStep gradients are defined for fixed_point only.")
+        value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
+        y = prob.fn(jax.lax.stop_gradient(value), args)
+        return value + (y - jax.lax.stop_gradient(y)), stats
+
+
+def jacobian_penalty(
+    fn: Callable, x, args=None, *, key, num_samples: int = 1
+) -> jax.Array:
+    """Hutchinson estimate of ‖∂fn/∂x‖_F² at `x`, for Jacobian regularisation of DEQs.
+
+    Uses E_ε‖εᵀ ∂fn/∂x‖² = ‖∂fn/∂x‖_F² with ε ~ N(0, I), averaged over `num_samples`
+    vector–Jacobian products. Differentiable with respect to `x`, `args` and closed-over
+    parameters.
+
+    **Arguments:** `fn(x, args) -> pytree like x`; `x` any pytree of floating arrays; `key` a
+    PRNG key. **Returns:** a scalar.
+    """
+    if not (isinstance(num_samples, int) and num_samples >= 1):
+        raise ValueError(f"num_samples={num_samples!r} must be an int >= 1.")
+    x_flat, unravel = ravel_pytree(x)
+
+    def f_flat(v):
+        return ravel_pytree(fn(unravel(v), args))[0]
+
+    out, vjp = jax.vjp(f_flat, x_flat)
+    eps = jax.random.normal(key, (num_samples,) + out.shape, out.dtype)
+    rows = jax.vmap(lambda e: vjp(e)[0])(eps)
+    return jnp.mean(jnp.sum(rows**2, axis=-1))
