@@ -1,0 +1,163 @@
+"""The `spinformer` command. Thin: parse arguments, load the config, call library functions.
+
+```
+spinformer run CONFIG [--out DIR] [--set key=value ...] [--resume]
+spinformer list
+spinformer report DIR [DIR ...] [--out DIR]
+spinformer data fetch NAME
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+import yaml
+
+
+def configs_dir() -> pathlib.Path:
+    """`./configs` if it exists, else the `configs/` folder next to the installed package."""
+    local = pathlib.Path("configs")
+    if local.is_dir():
+        return local
+    return pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def find_config(name: str) -> pathlib.Path:
+    """A config file path, or the name of a shipped config (`quickstart`)."""
+    p = pathlib.Path(name)
+    if p.exists():
+        return p
+    for cand in (configs_dir() / name, configs_dir() / f"{name}.yaml"):
+        if cand.exists():
+            return cand
+    from .config import ConfigError
+
+    raise ConfigError(f"config {name!r} not found; `spinformer list` shows the shipped configs.")
+
+
+def list_configs(directory: Optional[pathlib.Path] = None) -> list[tuple[str, str]]:
+    """`(name, description)` of every YAML config in `directory`."""
+    d = directory or configs_dir()
+    out = []
+    for p in sorted(d.glob("*.yaml")):
+        try:
+            desc = (yaml.safe_load(p.read_text()) or {}).get("description", "")
+        except yaml.YAMLError:
+            desc = "(unreadable YAML)"
+        out.append((p.stem, str(desc).strip().splitlines()[0] if desc else ""))
+    return out
+
+
+def default_out_dir(config_path: pathlib.Path, resume: bool) -> pathlib.Path:
+    """`runs/<config name>`; a fresh run never reuses a directory holding an earlier run
+    (`runs/<name>-1`, `-2`, ... instead); `--resume` picks the newest one."""
+    base = pathlib.Path("runs") / config_path.stem
+    cands = [base] + [base.with_name(f"{base.name}-{i}") for i in range(1, 1000)]
+    existing = [c for c in cands if c.exists() and any(c.iterdir())]
+    if resume:
+        return existing[-1] if existing else base
+    for c in cands:
+        if not (c.exists() and any(c.iterdir())):
+            return c
+    raise RuntimeError(f"too many runs under {base.parent}; pass --out.")  # pragma: no cover
+
+
+def _cmd_run(args) -> int:
+    from .config import load_config
+    from .train import run
+
+    path = find_config(args.config)
+    cfg = load_config(path, overrides=args.set)
+    out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
+    print(f"spinformer: {path} -> {out}", file=sys.stderr)
+    summary = run(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
+    print(json.dumps({"run_dir": str(out), "steps": summary["steps"], **summary["metrics"]},
+                     indent=2))
+    return 0
+
+
+def _cmd_list(args) -> int:
+    rows = list_configs(pathlib.Path(args.dir) if args.dir else None)
+    if not rows:
+        print(f"no configs found in {args.dir or configs_dir()}")
+        return 1
+    width = max(len(n) for n, _ in rows)
+    for name, desc in rows:
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from .train import report
+
+    print(report(args.dirs, out_dir=args.out))
+    return 0
+
+
+def _cmd_data(args) -> int:
+    from .data import FETCHABLE, fetch
+
+    if args.action == "fetch":
+        path = fetch(args.name, force=args.force)
+        print(f"{args.name}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        return 0
+    for name, desc in FETCHABLE.items():
+        print(f"{name}  {desc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spinformer", description="Train and inspect spin-transformer experiments."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train the experiment described by a YAML config")
+    r.add_argument("config", help="a YAML file, or the name of a shipped config (see `list`)")
+    r.add_argument("--out", help="run directory (default: runs/<config name>[-N])")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.steps=200 (repeatable)")
+    r.add_argument("--resume", action="store_true",
+                   help="continue from the newest intact checkpoint in the run directory")
+    r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    r.set_defaults(fn=_cmd_run)
+
+    ls = sub.add_parser("list", help="list the shipped configs with their descriptions")
+    ls.add_argument("--dir", help="a folder of configs (default: ./configs)")
+    ls.set_defaults(fn=_cmd_list)
+
+    rep = sub.add_parser("report", help="table and figures of one or several runs")
+    rep.add_argument("dirs", nargs="+", help="run directories")
+    rep.add_argument("--out", help="where to write the figures (default: the run directory, "
+                     "or ./report for several)")
+    rep.set_defaults(fn=_cmd_report)
+
+    d = sub.add_parser("data", help="datasets: `data fetch NAME`, `data list`")
+    dsub = d.add_subparsers(dest="action", required=True)
+    f = dsub.add_parser("fetch", help="download a dataset into the cache")
+    f.add_argument("name", help="dataset name, e.g. shakespeare")
+    f.add_argument("--force", action="store_true", help="download again even if cached")
+    dsub.add_parser("list", help="datasets that can be fetched")
+    d.set_defaults(fn=_cmd_data)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `spinformer` console script."""
+    from .config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"spinformer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

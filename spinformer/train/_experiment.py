@@ -1,0 +1,148 @@
+"""From a config to a finished run directory, and reports over run directories."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Optional, Sequence
+
+import jax
+import yaml
+
+from .. import config as _config
+from .. import data as _data
+from .. import nn as _nn
+from ._figures import plot_runs
+from ._loop import _read_records, fit
+from ._step import make_optimizer, make_schedule, num_params
+
+
+def build_dataset(cfg: "_config.Config"):
+    """The dataset a config names (raises with the fetch command if it is not downloaded)."""
+    d = cfg.data
+    if d.task == "brackets":
+        return _data.BracketMatching(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed)
+    if d.task == "chars":
+        return _data.CharText.from_path(
+            d.path, seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
+            val_fraction=d.val_fraction, max_chars=d.max_chars,
+        )
+    raise _config.ConfigError(f"data.task: unknown task {d.task!r}.")  # pragma: no cover
+
+
+def build_model(cfg: "_config.Config", dataset, *, key):
+    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging."""
+    m = cfg.model
+    common = dict(
+        dim=m.dim, depth=m.depth, num_heads=m.num_heads, max_len=dataset.seq_len,
+        attention=m.attention, attention_kwargs=m.attention_kwargs(),
+        ffn_hidden=m.ffn_hidden, dropout=m.dropout, key=key,
+    )
+    if dataset.kind == "lm":
+        return _nn.CausalLM(dataset.vocab_size, **common)
+    return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, **common)
+
+
+def build_optimizer(cfg: "_config.Config"):
+    t = cfg.train
+    return make_optimizer(
+        steps=t.steps, lr=t.lr, coupling_lr=t.coupling_lr, weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, grad_clip=t.grad_clip,
+    )
+
+
+def _diff(a: dict, b: dict, prefix="") -> list[str]:
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff(va, vb, prefix + k + ".")
+        elif va != vb:
+            keys.append(prefix + k)
+    return keys
+
+
+_RESUMABLE_CHANGES = {"train.progress", "description"}
+
+
+def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None):
+    """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
+
+    The resolved config is saved as `out_dir/config.yaml`. With `resume=True` the saved config
+    must match `cfg` (apart from `train.progress`), and training continues from the newest
+    intact checkpoint.
+    """
+    out = pathlib.Path(out_dir)
+    saved = out / "config.yaml"
+    if resume and saved.exists():
+        old = _config.to_dict(_config.load_config(saved))
+        changed = [k for k in _diff(old, _config.to_dict(cfg)) if k not in _RESUMABLE_CHANGES]
+        if changed:
+            raise _config.ConfigError(
+                f"--resume: the config differs from the one saved in {saved} at "
+                f"{', '.join(changed)}; resume with the same config, or start a new run with "
+                "another --out."
+            )
+    dataset = build_dataset(cfg)
+    model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+    optimizer = build_optimizer(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    _config.save_config(cfg, saved)
+    t = cfg.train
+    extra = {"num_params": num_params(model), "description": cfg.description}
+    if hasattr(dataset, "chance_accuracy"):
+        b = dataset.batch(0, "val")
+        extra["chance_accuracy"] = dataset.chance_accuracy(b)
+        extra["nearest_open_accuracy"] = dataset.nearest_open_baseline(b)
+    _, summary = fit(
+        model, optimizer, dataset, out_dir=out, steps=t.steps, seed=t.seed,
+        eval_batches=cfg.data.eval_batches, log_every=t.log_every, eval_every=t.eval_every,
+        patience=t.patience, checkpoint_every=t.checkpoint_every,
+        keep_checkpoints=t.keep_checkpoints, resume=resume,
+        progress=t.progress if progress is None else progress,
+        lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
+        extra_summary=extra,
+    )
+    return summary
+
+
+def report(run_dirs: Sequence, out_dir=None) -> str:
+    """A Markdown table of the runs' final metrics, and comparison figures in `out_dir`
+    (default: the run directory if there is one, else `./report`).
+
+    **Returns:** the table as a string.
+    """
+    dirs = [pathlib.Path(d) for d in run_dirs]
+    rows, runs = [], {}
+    for d in dirs:
+        s_path = d / "summary.json"
+        if not s_path.exists():
+            raise FileNotFoundError(
+                f"{d}: no summary.json (not a finished run directory); run `spinformer run "
+                f"CONFIG --out {d}` or `--resume` it first."
+            )
+        s = json.loads(s_path.read_text())
+        cfg = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
+        m = s.get("metrics", {})
+        rows.append((
+            d.name, (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
+            m.get("loss"), m.get("accuracy"), m.get("solver_steps"), s.get("wall_time_s"),
+        ))
+        runs[d.name] = _read_records(d / "metrics.jsonl")
+    head = "| run | attention | steps | val loss | val accuracy | solver steps | wall time (s) |"
+    sep = "|---|---|---|---|---|---|---|"
+
+    def fmt(v, p=4):
+        if v is None:
+            return "-"
+        return f"{v:.{p}f}" if isinstance(v, float) else str(v)
+
+    lines = [head, sep] + [
+        f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3])} | {fmt(r[4])} | {fmt(r[5], 1)} | {fmt(r[6], 1)} |"
+        for r in rows
+    ]
+    table = "\n".join(lines)
+    target = pathlib.Path(out_dir) if out_dir else (dirs[0] if len(dirs) == 1 else pathlib.Path("report"))
+    plot_runs(runs, target, prefix="report_")
+    (target / "report.md").write_text(table + "\n")
+    return table

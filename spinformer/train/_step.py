@@ -1,0 +1,162 @@
+"""One pure training step, evaluation, and the optimizer."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, PyTree
+
+from ..nn import param_labels
+
+
+def _forward(model, inputs, key):
+    """Logits and (if the model reports them) solver statistics for a batch."""
+    if key is None:
+        out = jax.vmap(lambda x: model(x, return_diagnostics=True))(inputs)
+    else:
+        keys = jax.random.split(key, inputs.shape[0])
+        out = jax.vmap(lambda x, k: model(x, key=k, return_diagnostics=True))(inputs, keys)
+    logits, diag = out
+    return logits, diag
+
+
+def _diag_metrics(diag) -> dict[str, Array]:
+    out = {}
+    if isinstance(diag, dict):
+        if "num_steps" in diag:
+            out["solver_steps"] = jnp.mean(diag["num_steps"].astype(jnp.float32))
+        if "result" in diag:
+            out["solver_failures"] = jnp.mean((diag["result"] != 0).astype(jnp.float32))
+    return out
+
+
+def _sums(logits, targets, mask):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return jnp.sum(nll * mask), jnp.sum(correct * mask), jnp.sum(mask)
+
+
+def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
+    """Masked cross-entropy of `model` on a batch.
+
+    **Arguments:**
+
+    - `model`: called per example as `model(inputs[i], key=, return_diagnostics=True)`,
+      returning logits `(..., C)` and diagnostics.
+    - `batch`: `inputs (B, ...)`, `targets (B, ...)` int, `mask (B, ...)` float.
+    - `key`: PRNG key for dropout (None: inference).
+
+    **Returns:** `(loss, metrics)` with `loss`, `accuracy` (masked means) and, for models that
+    report them, `solver_steps` and `solver_failures`.
+    """
+    logits, diag = _forward(model, batch["inputs"], key)
+    nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
+    count = jnp.maximum(count, 1.0)
+    loss = nll / count
+    metrics = {"loss": loss, "accuracy": correct / count, **_diag_metrics(diag)}
+    return loss, metrics
+
+
+@eqx.filter_jit
+def make_step(model, opt_state, batch: dict[str, Array], *, optimizer: optax.GradientTransformation):
+    """One AdamW step: `(model, opt_state, batch) -> (model, opt_state, metrics)`.
+
+    `batch` may hold a `"key"` (PRNG key for dropout). Pure; metrics stay on the device until
+    the caller reads them.
+    """
+    key = batch.get("key")
+    data = {k: v for k, v in batch.items() if k != "key"}
+    (loss, metrics), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, data, key)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    model = eqx.apply_updates(model, updates)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return model, opt_state, metrics
+
+
+@eqx.filter_jit
+def _eval_sums(model, batch):
+    logits, diag = _forward(model, batch["inputs"], None)
+    nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
+    extra = _diag_metrics(diag)
+    return nll, correct, count, extra
+
+
+def evaluate(model, batches) -> dict[str, float]:
+    """Masked loss and accuracy of `model` (inference mode) over an iterable of batches.
+
+    **Returns:** `{"loss", "accuracy", "perplexity"[, "solver_steps", "solver_failures"]}` as
+    Python floats, averaged over all masked positions.
+    """
+    nll = correct = count = 0.0
+    extras: dict[str, list] = {}
+    for batch in batches:
+        b = {k: jnp.asarray(batch[k]) for k in ("inputs", "targets", "mask")}
+        n, c, m, extra = _eval_sums(model, b)
+        nll += float(n)
+        correct += float(c)
+        count += float(m)
+        for k, v in extra.items():
+            extras.setdefault(k, []).append(float(v))
+    count = max(count, 1.0)
+    out = {"loss": nll / count, "accuracy": correct / count}
+    out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
+    out.update({k: float(np.mean(v)) for k, v in extras.items()})
+    return out
+
+
+def make_schedule(peak: float, steps: int, warmup_steps: int, min_lr_ratio: float):
+    """Linear warmup from 0 to `peak`, then cosine decay to `peak * min_lr_ratio`."""
+    warmup = min(warmup_steps, max(steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if warmup > 0 else peak,
+        peak_value=peak,
+        warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1),
+        end_value=peak * min_lr_ratio,
+    )
+
+
+def make_optimizer(
+    *,
+    steps: int,
+    lr: float,
+    coupling_lr: Optional[float] = None,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 0.1,
+    grad_clip: float = 0.0,
+) -> optax.GradientTransformation:
+    """AdamW with warmup + cosine schedule, optional global-norm clipping, and a separate
+    learning rate for the coupling parameters (labelled by `spinformer.nn.param_labels`)."""
+    groups = {
+        "default": optax.adamw(make_schedule(lr, steps, warmup_steps, min_lr_ratio),
+                               weight_decay=weight_decay),
+        "couplings": optax.adamw(
+            make_schedule(lr if coupling_lr is None else coupling_lr, steps, warmup_steps,
+                          min_lr_ratio),
+            weight_decay=weight_decay,
+        ),
+    }
+    tx = optax.multi_transform(groups, param_labels)
+    if grad_clip and grad_clip > 0:
+        tx = optax.chain(optax.clip_by_global_norm(grad_clip), tx)
+    return tx
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, model) -> PyTree:
+    return optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+
+
+def num_params(model) -> int:
+    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))))
+
+
+def to_device(batch: dict[str, Any]) -> dict[str, Array]:
+    return {k: jnp.asarray(v) for k, v in batch.items()}
