@@ -215,9 +215,12 @@ class SpinAttention(eqx.Module):
         phi = lambda t: vector.magnetization(t, beta=beta, R=R)  # noqa: E731
 
         if context is not None:
-            m_prev = ctx.reshape(ctx.shape[0], h, dh).transpose(1, 0, 2)
-            m, stats = jax.vmap(lambda xx, jj, mp: self._one_step(vector, mp, xx, jj))(
-                xh, J, m_prev
+            # The context spins are driven by their own fields and feel no couplings; the
+            # decoder spins feel them through J as the previous time step's magnetizations.
+            ch = self.fields(ctx)
+            m_prev = jax.vmap(jax.vmap(phi))(ch)
+            m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(vector, mp, cc, xx, jj))(
+                xh, J, ch, m_prev
             )
         elif self.mode == "fixed_point":
             m0 = jax.vmap(jax.vmap(phi))(xh)
@@ -260,6 +263,20 @@ class SpinAttention(eqx.Module):
         sol = vector.tap_step(m_prev, x, J, beta=self.beta, R=self.radius,
                               return_solution=True, **self._solve_kwargs())
         return sol.value, (sol.num_steps, sol.residual, sol.result)
+
+    def _cross_step(self, vector, m_ctx, x_ctx, x, J):
+        """One step of the n query spins driven by s context spins through J (n, s).
+
+        Embedded exactly as one square system of n + s spins: couplings [[0, J], [0, 0]],
+        previous magnetizations [·, m_ctx], so the query rows get x + J m_ctx (+ the TAP
+        correction from the context spins' variances) and the context rows are decoupled.
+        """
+        n, s = J.shape
+        J_big = jnp.zeros((n + s, n + s), J.dtype).at[:n, n:].set(J)
+        x_big = jnp.concatenate([x, x_ctx], axis=0)
+        m_prev = jnp.concatenate([jnp.zeros_like(x), m_ctx], axis=0)
+        m, stats = self._one_step(vector, m_prev, x_big, J_big)
+        return m[:n], stats
 
     def _steady_state(self, vector, m0, x, J):
         """The NESS m* = update(m*, m*) solved as a fixed point."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import equinox as eqx
@@ -76,7 +77,7 @@ def make_step(model, opt_state, batch: dict[str, Array], *, optimizer: optax.Gra
     params = eqx.filter(model, eqx.is_inexact_array)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     model = eqx.apply_updates(model, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     return model, opt_state, metrics
 
 
@@ -123,6 +124,7 @@ def make_schedule(peak: float, steps: int, warmup_steps: int, min_lr_ratio: floa
     )
 
 
+@functools.lru_cache(maxsize=32)
 def make_optimizer(
     *,
     steps: int,
@@ -134,7 +136,10 @@ def make_optimizer(
     grad_clip: float = 0.0,
 ) -> optax.GradientTransformation:
     """AdamW with warmup + cosine schedule, optional global-norm clipping, and a separate
-    learning rate for the coupling parameters (labelled by `spinformer.nn.param_labels`)."""
+    learning rate for the coupling parameters (labelled by `spinformer.nn.param_labels`).
+
+    Cached: equal arguments give the same optimizer object, so `make_step` (which takes it as
+    a static argument) is not recompiled for every run in a process."""
     groups = {
         "default": optax.adamw(make_schedule(lr, steps, warmup_steps, min_lr_ratio),
                                weight_decay=weight_decay),

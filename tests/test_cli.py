@@ -1,0 +1,85 @@
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from spinformer import cli
+from spinformer import config as C
+
+ROOT = pathlib.Path(__file__).parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 40
+
+
+def shrink(cfg: C.Config, tmp_path) -> list[str]:
+    """--set overrides that turn a real config into a seconds-long smoke run."""
+    heads = min(cfg.model.num_heads, 2)
+    sets = {
+        "train.steps": 2, "train.log_every": 1, "train.eval_every": 2,
+        "train.checkpoint_every": 1, "train.warmup_steps": 1, "train.progress": "false",
+        "data.batch_size": 4, "data.eval_batches": 1, "data.seq_len": min(cfg.data.seq_len, 12),
+        "model.dim": 8 * heads, "model.num_heads": heads, "model.depth": min(cfg.model.depth, 2),
+        "model.ffn_hidden": min(cfg.model.ffn_hidden, 16),
+        "model.spin.max_steps": min(cfg.model.spin.max_steps, 8),
+        "model.spin.num_steps": min(cfg.model.spin.num_steps, 2),
+    }
+    if cfg.data.task == "chars":
+        p = tmp_path / "text.txt"
+        p.write_text(TEXT)
+        sets["data.path"] = str(p)
+        sets["data.max_chars"] = "null"
+    return [f"{k}={v}" for k, v in sets.items()]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_runs_shrunk(path, tmp_path, capsys):
+    cfg = C.load_config(path)
+    out = tmp_path / "run"
+    args = ["run", str(path), "--out", str(out), "--no-progress"]
+    for s in shrink(cfg, tmp_path):
+        args += ["--set", s]
+    assert cli.main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and printed["accuracy"] == summary["metrics"]["accuracy"]
+    saved = C.load_config(out / "config.yaml")
+    assert saved.model.attention == cfg.model.attention and saved.data.task == cfg.data.task
+    assert (out / "loss.png").exists() and (out / "accuracy.png").exists()
+
+
+def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
+    assert cli.main(["list", "--dir", str(ROOT / "configs")]) == 0
+    listing = capsys.readouterr().out
+    assert "quickstart" in listing
+    for p in CONFIGS:
+        assert p.stem in listing
+    # a mistyped key names the key and the nearest valid one, exit status 2
+    code = cli.main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--set", "train.stpes=3",
+                     "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.stpes" in err and "train.steps" in err
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 2
+    assert "summary.json" in capsys.readouterr().err
+    monkeypatch.setenv("SPINFORMER_CACHE", str(tmp_path / "cache"))
+    p = tmp_path / "lm.yaml"
+    p.write_text("description: lm\ndata:\n  task: chars\n  path: shakespeare\n")
+    assert cli.main(["run", str(p), "--out", str(tmp_path / "lm")]) == 2
+    assert "spinformer data fetch shakespeare" in capsys.readouterr().err
+
+
+def test_default_out_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfgp = pathlib.Path("quickstart.yaml")
+    assert cli.default_out_dir(cfgp, resume=False) == pathlib.Path("runs/quickstart")
+    pathlib.Path("runs/quickstart").mkdir(parents=True)
+    (pathlib.Path("runs/quickstart") / "summary.json").write_text("{}")
+    assert cli.default_out_dir(cfgp, resume=False) == pathlib.Path("runs/quickstart-1")
+    assert cli.default_out_dir(cfgp, resume=True) == pathlib.Path("runs/quickstart")
+
+
+def test_python_dash_m():
+    out = subprocess.run([sys.executable, "-m", "spinformer", "list", "--dir",
+                          str(ROOT / "configs")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "quickstart" in out.stdout

@@ -1,0 +1,139 @@
+import json
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spinformer import config as C
+from spinformer import data, nn, train
+
+
+def _tiny_cfg(**over):
+    base = {
+        "model.attention": "softmax", "model.dim": "16", "model.ffn_hidden": "16",
+        "data.seq_len": "8", "data.batch_size": "8", "data.eval_batches": "2",
+        "train.steps": "12", "train.log_every": "2", "train.eval_every": "4",
+        "train.warmup_steps": "2", "train.progress": "false",
+    }
+    base.update(over)
+    return C.load_config(None, [f"{k}={v}" for k, v in base.items()])
+
+
+def _leaves(model):
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
+
+
+def test_make_step_learns_and_groups():
+    ds = data.BracketMatching(seq_len=8, batch_size=16, seed=0)
+    model = nn.Tagger(ds.vocab_size, ds.num_classes, 16, 1, causal=True, ffn_hidden=16,
+                      key=jax.random.key(0))
+    labels = jax.tree.leaves(nn.param_labels(eqx.filter(model, eqx.is_inexact_array)))
+    assert labels.count("couplings") == 2 and labels.count("default") > 2
+    # couplings frozen (lr 0): only they stay put
+    opt = train.make_optimizer(steps=30, lr=3e-2, coupling_lr=0.0)
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    batch = {k: jnp.asarray(v) for k, v in ds.batch(0).items()}
+    first = None
+    m = model
+    for _ in range(30):
+        m, state, metrics = train.make_step(m, state, batch, optimizer=opt)
+        first = float(metrics["loss"]) if first is None else first
+    assert float(metrics["loss"]) < first - 0.3
+    attn0 = model.transformer.blocks.attention
+    attn1 = m.transformer.blocks.attention
+    np.testing.assert_array_equal(attn0.to_q.weight, attn1.to_q.weight)
+    assert not np.array_equal(attn0.to_v.weight, attn1.to_v.weight)
+    ev = train.evaluate(m, [ds.batch(0)])
+    assert set(ev) >= {"loss", "accuracy", "perplexity"} and 0 <= ev["accuracy"] <= 1
+
+
+def test_schedule_warmup_cosine():
+    s = train.make_schedule(1.0, steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert float(s(0)) == 0.0 and abs(float(s(10)) - 1.0) < 1e-6
+    assert abs(float(s(100)) - 0.1) < 1e-6 and float(s(50)) < 1.0
+
+
+def test_checkpoints_atomic_keep_and_corrupt(tmp_path):
+    model = nn.SoftmaxAttention(8, 2, key=jax.random.key(0))
+    opt = train.make_optimizer(steps=10, lr=1e-3)
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    like = (model, state)
+    for step in (2, 4, 6, 8):
+        bumped = jax.tree.map(lambda x: x + step if eqx.is_inexact_array(x) else x, model)
+        train.save_checkpoint(tmp_path, step, bumped, state, {"data_position": step}, keep=3)
+    assert [s for s, _ in train.list_checkpoints(tmp_path)] == [4, 6, 8]
+    step, m, _, meta = train.load_latest(tmp_path, like)
+    assert step == 8 and meta["data_position"] == 8
+    np.testing.assert_allclose(m.to_q.weight, model.to_q.weight + 8)
+    # truncate the newest: the previous one is used, with a warning
+    p8 = train.list_checkpoints(tmp_path)[-1][1]
+    p8.write_bytes(p8.read_bytes()[:-10])
+    with pytest.warns(UserWarning, match="truncated"):
+        step, m, _, _ = train.load_latest(tmp_path, like)
+    assert step == 6
+    # flip one payload byte of the next: checksum mismatch
+    p6 = train.list_checkpoints(tmp_path)[-2][1]
+    raw = bytearray(p6.read_bytes())
+    raw[-5] ^= 0xFF
+    p6.write_bytes(bytes(raw))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        step, *_ = train.load_latest(tmp_path, like)
+    assert step == 4 and any("checksum" in str(x.message) for x in w)
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    cfg = _tiny_cfg(**{"train.checkpoint_every": "4", "model.dropout": "0.1"})
+    full = train.run(cfg, tmp_path / "full")
+
+    class Killed(Exception):
+        pass
+
+    real_batch = data.BracketMatching.batch
+
+    def dying_batch(self, index, split="train"):
+        if split == "train" and index == 9:
+            raise Killed()
+        return real_batch(self, index, split)
+
+    monkeypatch.setattr(data.BracketMatching, "batch", dying_batch)
+    with pytest.raises(Killed):
+        train.run(cfg, tmp_path / "cut")
+    assert [s for s, _ in train.list_checkpoints(tmp_path / "cut")] == [4, 8]
+    monkeypatch.setattr(data.BracketMatching, "batch", real_batch)
+    resumed = train.run(cfg, tmp_path / "cut", resume=True)
+
+    assert resumed["steps"] == full["steps"] == 12
+    assert resumed["metrics"] == full["metrics"]
+    ds = train.build_dataset(cfg)
+    model = train.build_model(cfg, ds, key=jax.random.key(0))
+    opt = train.build_optimizer(cfg)
+    like = (model, opt.init(eqx.filter(model, eqx.is_inexact_array)))
+    _, a, sa, _ = train.load_latest(tmp_path / "full", like)
+    _, b, sb, _ = train.load_latest(tmp_path / "cut", like)
+    for x, y in zip(_leaves((a, sa)), _leaves((b, sb))):
+        np.testing.assert_array_equal(x, y)  # bitwise
+
+    def strip(path):
+        return [{k: v for k, v in json.loads(l).items() if k != "time_s"}
+                for l in path.read_text().splitlines()]
+
+    assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    # a changed config is refused by name
+    with pytest.raises(C.ConfigError, match="train.lr"):
+        train.run(cfg.replace(**{"train.lr": "0.5"}), tmp_path / "cut", resume=True)
+
+
+def test_early_stopping_and_outputs(tmp_path):
+    cfg = _tiny_cfg(**{"train.lr": "1e-12", "train.patience": "1", "train.steps": "40"})
+    s = train.run(cfg, tmp_path)
+    assert s["stopped_early"] and s["steps"] == 8  # evals at 4 (best) and 8 (no better)
+    assert set(s["metrics"]) >= {"loss", "accuracy"}
+    for name in ("summary.json", "metrics.jsonl", "config.yaml", "loss.png", "accuracy.png"):
+        assert (tmp_path / name).exists()
+    assert C.load_config(tmp_path / "config.yaml") == cfg
+    table = train.report([tmp_path])
+    assert "accuracy" in table and (tmp_path / "report_loss.png").exists()
