@@ -1,0 +1,65 @@
+"""Private helpers shared by the spin modules: input checks and solver defaults."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import solvers
+
+
+def check_square(name: str, J, n: int, what: str = "J") -> None:
+    shape = jnp.shape(J)
+    if shape != (n, n):
+        raise ValueError(
+            f"{name}: {what} must have shape (n, n) = ({n}, {n}) to match the {n} spins, "
+            f"got {shape}. Pass one system per call and vmap over a batch."
+        )
+
+
+def check_vector(name: str, v, what: str, n: int | None = None) -> int:
+    shape = jnp.shape(v)
+    if len(shape) != 1:
+        raise ValueError(
+            f"{name}: {what} must be a 1-d array of shape (n,), got shape {shape}. "
+            "Functions in spinformer.spins take one system per call; vmap over a batch."
+        )
+    if n is not None and shape[0] != n:
+        raise ValueError(f"{name}: {what} has {shape[0]} entries but the system has {n} spins.")
+    return shape[0]
+
+
+def check_floating(name: str, **arrays) -> None:
+    for what, a in arrays.items():
+        if a is None:
+            continue
+        dt = jnp.result_type(a)
+        if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
+            raise ValueError(f"{name}: {what} must be a real array, got dtype {dt}.")
+
+
+def as_float(*arrays):
+    """Promote inputs to a common floating dtype (float32 unless x64 is on)."""
+    dt = jnp.result_type(*[a for a in arrays if a is not None], jnp.float32)
+    if not jnp.issubdtype(dt, jnp.floating):
+        dt = jnp.float32
+    return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
+
+
+def solve(name, fn, x0, args, *, solver, adjoint, tol, max_steps, throw, return_solution):
+    """Run `solvers.fixed_point` with spinformer's defaults for spin problems."""
+    if solver is None:
+        solver = solvers.Anderson()
+    if adjoint is None:
+        adjoint = solvers.Implicit()
+    sol = solvers.fixed_point(
+        fn, x0, args, solver=solver, adjoint=adjoint, tol=tol, max_steps=max_steps, throw=throw
+    )
+    return sol if return_solution else sol.value
+
+
+def check_damping(name: str, damping) -> None:
+    if not (0.0 <= float(damping) < 1.0):
+        raise ValueError(
+            f"{name}: damping={damping} must be in [0, 1): the map is replaced by "
+            "m -> damping * m + (1 - damping) * update(m), which keeps the same fixed points."
+        )
