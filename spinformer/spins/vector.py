@@ -347,7 +347,7 @@ def tap_step(
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
     R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`), `adjoint` (`None` means
-    `solvers.Implicit()`), `tol`, `max_steps`, `throw`, `return_solution` as
+    `solvers.Implicit(restart=5)`), `tol`, `max_steps`, `throw`, `return_solution` as
     `solvers.fixed_point`.
 
     **Returns:** magnetizations at t, `(n, D)` (or a `Solution`).
@@ -372,6 +372,7 @@ def tap_ness(
     max_steps: int = 100,
     throw: bool = True,
     m0: Float[ArrayLike, "n D"] | None = None,
+    norm: str = "inf",
     return_solution: bool = False,
 ):
     """Non-equilibrium steady state of the second-order dynamics, solved as a fixed point.
@@ -383,10 +384,11 @@ def tap_ness(
     **Arguments:**
 
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
-    - `solver`: `None` means `solvers.Anderson()`; `adjoint`: `None` means `Implicit()`.
+    - `solver`: `None` means `solvers.Anderson()`; `adjoint`: `None` means `Implicit(restart=5)`.
     - `tol`: residual tolerance (∞-norm) of the steady state; `max_steps`, `throw` as
       `solvers.fixed_point`.
     - `m0`: initial guess, default the naive response φ(x).
+    - `norm`: `"inf"` or `"l2"`, the norm the residual is measured in.
     - `return_solution`: return the whole `solvers.Solution`.
 
     **Returns:** steady-state magnetizations `(n, D)` (or a `Solution`).
@@ -397,4 +399,4 @@ def tap_ness(
         m0 = _phi_large(x, beta, R)
     m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
     return solve("tap_ness", _ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint,
-                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution)
+                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution, norm=norm)
