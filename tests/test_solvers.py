@@ -427,3 +427,13 @@ def test_jacobian_penalty_estimates_frobenius_norm(getkey, x64):
     # Differentiable with respect to the map's parameters.
     g = jax.grad(lambda a: S.jacobian_penalty(fn, x, a, key=jax.random.key(0)))(A)
     assert np.all(np.isfinite(g)) and np.abs(g).sum() > 0
+
+
+@pytest.mark.parametrize("adjoint", [S.Implicit(), S.Unrolled(), S.Phantom(), S.OneStep()],
+                         ids=ids)
+def test_forward_failure_is_not_lost_under_jit_grad(adjoint):
+    # Only the gradient is used, so a check on the forward value alone would be dead code.
+    grad = jax.jit(jax.grad(lambda a: S.fixed_point(lambda x, a: x + a, jnp.zeros(2), a,
+                                                    adjoint=adjoint, max_steps=5).value.sum()))
+    with pytest.raises(Exception, match="max_steps"):
+        jax.block_until_ready(grad(jnp.ones(2)))

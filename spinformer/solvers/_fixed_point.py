@@ -64,8 +64,12 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, tol, max_steps, norm):
             )
 
 
-def _make_loop(solver, tol, max_steps):
-    """Returns run_loop(prob, args, differentiable) -> (x, (num_steps, residual, result))."""
+def _make_loop(solver, tol, max_steps, throw, name):
+    """Returns run_loop(prob, args, differentiable) -> (x, (num_steps, residual, result)).
+
+    With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
+    `_checked_gradient` repeats it in the backward pass.
+    """
 
     def run_loop(prob, args, *, differentiable, x0):
         def status(state):
@@ -112,9 +116,40 @@ def _make_loop(solver, tol, max_steps):
             RESULTS.successful,
             jnp.where(nf, RESULTS.nonfinite, RESULTS.max_steps_reached),
         ).astype(jnp.int32)
+        if throw:
+            x = eqx.branched_error_if(
+                x, result != RESULTS.successful, result, _failure_messages(name)
+            )
         return x, (k, jax.lax.stop_gradient(rn), result)
 
     return run_loop
+
+
+def _failure_messages(name):
+    return [
+        f"{name}: " + RESULTS.message(c) if c else ""
+        for c in (RESULTS.successful, RESULTS.max_steps_reached, RESULTS.nonfinite)
+    ]
+
+
+@eqx.filter_custom_vjp
+def _checked_gradient(value, result, name):
+    del result, name
+    return value
+
+
+@_checked_gradient.def_fwd
+def _checked_gradient_fwd(perturbed, value, result, name):
+    del perturbed, result, name
+    return value, None
+
+
+@_checked_gradient.def_bwd
+def _checked_gradient_bwd(residuals, g, perturbed, value, result, name):
+    # Raised in the backward pass itself: a forward check whose output only the (discarded)
+    # primal uses is removed as dead code under `jit(grad(...))`.
+    del residuals, perturbed, value
+    return eqx.branched_error_if(g, result != RESULTS.successful, result, _failure_messages(name))
 
 
 def _solve(name, kind, fn, x0, args, solver, adjoint, tol, max_steps, throw, norm):
@@ -129,18 +164,14 @@ def _solve(name, kind, fn, x0, args, solver, adjoint, tol, max_steps, throw, nor
     # the implicit adjoint can differentiate with respect to them.
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
     prob = _Problem(fn_conv, kind, _NORMS[norm])
-    loop = _make_loop(solver, tol, max_steps)
+    loop = _make_loop(solver, tol, max_steps, throw, name)
 
     def run_loop(p, a, *, differentiable):
         return loop(p, a, differentiable=differentiable, x0=x0_flat)
 
     value, (k, rn, result) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
-        msgs = [
-            f"{name}: " + RESULTS.message(c) if c else ""
-            for c in (RESULTS.successful, RESULTS.max_steps_reached, RESULTS.nonfinite)
-        ]
-        value = eqx.branched_error_if(value, result != RESULTS.successful, result, msgs)
+        value = _checked_gradient(value, result, name)
     return Solution(unravel(value), k, rn, result)
 
 
