@@ -36,11 +36,15 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     common = dict(
         dim=m.dim, depth=m.depth, num_heads=m.num_heads, max_len=dataset.seq_len,
         attention=m.attention, attention_kwargs=m.attention_kwargs(),
-        ffn_hidden=m.ffn_hidden, dropout=m.dropout, key=key,
+        ffn_hidden=m.ffn_hidden, dropout=m.dropout,
     )
-    if dataset.kind == "lm":
-        return _nn.CausalLM(dataset.vocab_size, **common)
-    return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, **common)
+
+    def make(k):
+        if dataset.kind == "lm":
+            return _nn.CausalLM(dataset.vocab_size, key=k, **common)
+        return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, key=k, **common)
+
+    return make(key)
 
 
 def build_optimizer(cfg: "_config.Config"):

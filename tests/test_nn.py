@@ -1,0 +1,226 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spinformer import nn, solvers
+from spinformer.nn._transformer import _unroll_call
+from spinformer.spins import vector
+
+TIGHT = dict(solver=solvers.Anderson(), tol=1e-6, max_steps=200)
+
+
+@eqx.filter_jit
+def call(module, x, **kwargs):
+    """Jitted module call (eager solver loops are slow to run op by op)."""
+    return module(x, **kwargs)
+
+
+def _spin(dim, heads, key, **kw):
+    return nn.SpinAttention(dim, heads, key=key, **kw)
+
+
+def test_softmax_shapes_and_weights(getkey):
+    attn = nn.SoftmaxAttention(16, 4, causal=True, key=getkey())
+    x = jax.random.normal(getkey(), (7, 16))
+    y, diag = call(attn, x, return_diagnostics=True)
+    assert y.shape == x.shape and diag["couplings"].shape == (4, 7, 7)
+    np.testing.assert_allclose(diag["couplings"].sum(-1), 1.0, rtol=1e-6)
+    assert float(jnp.abs(jnp.triu(diag["couplings"], 1)).max()) == 0.0
+    ctx = jax.random.normal(getkey(), (3, 16))
+    assert call(attn, x, context=ctx).shape == (7, 16)
+    with pytest.raises(ValueError, match="divisible"):
+        nn.SoftmaxAttention(10, 4, key=getkey())
+    with pytest.raises(ValueError, match="one\nexample|one example"):
+        attn(jnp.zeros((2, 7, 16)))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(update="naive", mode="fixed_point", **TIGHT),
+        dict(update="naive", mode="steps", num_steps=3),
+        dict(update="tap", mode="steps", num_steps=2, init="learned", **TIGHT),
+    ],
+    ids=["naive-ness", "naive-steps", "tap-steps-learned"],
+)
+def test_spin_shapes_and_causal_no_leak(kw, getkey, x64):
+    attn = _spin(16, 2, getkey(), causal=True, **kw)
+    x = jax.random.normal(getkey(), (6, 16))
+    y, diag = attn(x, return_diagnostics=True)
+    assert y.shape == x.shape
+    assert diag["couplings"].shape == (2, 6, 6) and diag["magnetizations"].shape == (2, 6, 8)
+    assert diag["num_steps"].shape == diag["result"].shape == (2,)
+    assert (diag["result"] == 0).all()
+    assert float(jnp.abs(jnp.triu(diag["couplings"], 1)).max()) == 0.0
+    # magnetizations live inside the ball of radius R
+    assert float(jnp.linalg.norm(diag["magnetizations"], axis=-1).max()) < attn.radius
+    # changing the future leaves the past unchanged (up to the solver tolerance)
+    x2 = x.at[4:].set(jax.random.normal(getkey(), (2, 16)) * 3)
+    y2 = call(attn, x2)
+    np.testing.assert_allclose(y2[:4], y[:4], atol=1e-5)
+    assert float(jnp.abs(y2[4:] - y[4:]).max()) > 1e-3
+
+
+def _block_diag_qk(multi, singles):
+    """Give the H-head module q/k maps that read head h's subspace only, copied from the
+    single-head modules."""
+    d, h = multi.dim, multi.num_heads
+    dh = d // h
+    wq = jnp.zeros((d, d))
+    wk = jnp.zeros((d, d))
+    for i, s in enumerate(singles):
+        sl = slice(i * dh, (i + 1) * dh)
+        wq = wq.at[sl, sl].set(s.to_q.weight)
+        wk = wk.at[sl, sl].set(s.to_k.weight)
+    multi = eqx.tree_at(lambda a: a.to_q.weight, multi, wq)
+    return eqx.tree_at(lambda a: a.to_k.weight, multi, wk)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(update="tap", mode="fixed_point", **TIGHT), dict(update="naive", mode="steps", num_steps=2)],
+    ids=["tap-ness", "naive-steps"],
+)
+def test_multi_head_equals_single_heads(kw, getkey, x64):
+    H, dh, n = 3, 8, 5
+    singles = [_spin(dh, 1, getkey(), causal=True, **kw) for _ in range(H)]
+    multi = _block_diag_qk(_spin(H * dh, H, getkey(), causal=True, **kw), singles)
+    x = jax.random.normal(getkey(), (n, H * dh))
+    y, diag = call(multi, x, return_diagnostics=True)
+    assert (diag["result"] == 0).all()
+    for i, s in enumerate(singles):
+        sl = slice(i * dh, (i + 1) * dh)
+        np.testing.assert_allclose(y[:, sl], call(s, x[:, sl]), rtol=1e-7, atol=1e-9)
+    # causal: changing the future leaves the past unchanged (up to the solver tolerance)
+    x2 = x.at[3:].set(jax.random.normal(getkey(), (n - 3, H * dh)) * 3)
+    y2 = call(multi, x2)
+    np.testing.assert_allclose(y2[:3], y[:3], atol=1e-5)
+    assert float(jnp.abs(y2[3:] - y[3:]).max()) > 1e-3
+
+
+def test_spin_matches_the_physics(getkey, x64):
+    attn = _spin(16, 2, getkey(), update="naive", mode="steps", num_steps=1)
+    x = jax.random.normal(getkey(), (5, 16))
+    y, diag = call(attn, x, return_diagnostics=True)
+    xh = attn.fields(x)
+    R = attn.radius
+    assert R == pytest.approx(np.sqrt(8 / 2 - 1))
+    np.testing.assert_allclose(jnp.linalg.norm(xh, axis=-1), R, rtol=1e-6)
+    for h in range(2):
+        m0 = vector.magnetization(xh[h], beta=1.0, R=R)
+        want = vector.naive_step(m0, xh[h], diag["couplings"][h], beta=1.0, R=R)
+        np.testing.assert_allclose(diag["magnetizations"][h], want, rtol=1e-10)
+    # the steady state is a fixed point of the time step
+    ness = _spin(16, 2, getkey(), update="naive", mode="fixed_point", **TIGHT)
+    _, d = call(ness, x, return_diagnostics=True)
+    xh = ness.fields(x)
+    for h in range(2):
+        again = vector.naive_step(d["magnetizations"][h], xh[h], d["couplings"][h], beta=1.0, R=R)
+        np.testing.assert_allclose(again, d["magnetizations"][h], atol=1e-6)
+
+
+def test_carried_state_and_cross_attention(getkey, x64):
+    k = getkey()
+    kw = dict(update="naive", mode="steps", init="carried")
+    attn = _spin(16, 2, k, num_steps=1, **kw)
+    x = jax.random.normal(getkey(), (5, 16))
+    y1, d1 = call(attn, x, return_diagnostics=True)
+    y2, d2 = call(attn, x, state=d1["state"], return_diagnostics=True)
+    assert d1["state"].shape == x.shape and not np.allclose(y1, y2)
+    # two one-step calls with the carried state equal one two-step call
+    two = _spin(16, 2, k, num_steps=2, **kw)
+    np.testing.assert_allclose(y2, call(two, x), rtol=1e-10)
+    with pytest.raises(ValueError, match="state must have shape"):
+        attn(x, state=jnp.zeros((4, 16)))
+    # cross-attention: the context acts as the previous magnetizations
+    cross = _spin(16, 2, getkey(), update="naive")
+    c = jax.random.normal(getkey(), (5, 16))
+    y, d = call(cross, x, context=c, return_diagnostics=True)
+    assert y.shape == x.shape and d["couplings"].shape == (2, 5, 5)
+    xh, ch = cross.fields(x), cross.fields(c)
+    R = cross.radius
+    for h in range(2):
+        want = vector.naive_step(vector.magnetization(ch[h], beta=1.0, R=R), xh[h],
+                                 d["couplings"][h], beta=1.0, R=R)
+        np.testing.assert_allclose(d["magnetizations"][h], want, rtol=1e-10)
+    ctx3 = jax.random.normal(getkey(), (3, 16))
+    tap_cross = _spin(16, 2, getkey(), update="tap", **TIGHT)
+    assert call(tap_cross, x, context=ctx3).shape == (5, 16)
+
+
+@pytest.mark.parametrize(
+    "update", ["naive", pytest.param("tap", marks=pytest.mark.slow)]
+)
+def test_spin_gradients_implicit_vs_unrolled_vs_fd(update, getkey, x64):
+    x = jax.random.normal(getkey(), (4, 8))
+    base = _spin(8, 1, getkey(), causal=True, update=update, tol=1e-10, max_steps=40)
+
+    @eqx.filter_jit
+    def loss(a):
+        return jnp.sum(jnp.sin(a(x)))
+
+    grads = {}
+    for name, adj in (("implicit", solvers.Implicit(tol=1e-10)), ("unrolled", solvers.Unrolled())):
+        a = eqx.tree_at(lambda m: m.adjoint, base, adj)
+        grads[name] = eqx.filter_jit(eqx.filter_grad(loss))(a).to_q.weight
+    np.testing.assert_allclose(grads["implicit"], grads["unrolled"], rtol=1e-5, atol=1e-9)
+    # and a central finite difference along one direction
+    v = jax.random.normal(getkey(), base.to_q.weight.shape)
+    eps = 1e-5
+    shift = lambda s: eqx.tree_at(lambda m: m.to_q.weight, base, base.to_q.weight + s * v)  # noqa
+    fd = (loss(shift(eps)) - loss(shift(-eps))) / (2 * eps)
+    np.testing.assert_allclose(jnp.sum(grads["implicit"] * v), fd, rtol=1e-5)
+
+
+def test_spin_errors(getkey):
+    with pytest.raises(ValueError, match="must be > 2"):
+        nn.SpinAttention(8, 4, key=getkey())
+    with pytest.raises(ValueError, match="update"):
+        nn.SpinAttention(8, 1, update="exact", key=getkey())
+    with pytest.raises(ValueError, match="mode"):
+        nn.SpinAttention(8, 1, mode="ode", key=getkey())
+
+
+@pytest.mark.parametrize("attention", ["softmax", "spin"])
+def test_scan_stack_equals_loop_and_heads(attention, getkey):
+    kw = {"update": "naive", "mode": "steps", "num_steps": 2} if attention == "spin" else {}
+    model = nn.Transformer(12, 16, 3, num_heads=2, max_len=10, attention=attention,
+                           attention_kwargs=kw, causal=True, ffn_hidden=8, key=getkey())
+    tokens = jax.random.randint(getkey(), (9,), 0, 12)
+    h, diag = call(model, tokens, return_diagnostics=True)
+    loop = eqx.filter_jit(_unroll_call)(model, tokens)
+    np.testing.assert_allclose(h, loop, rtol=1e-5, atol=1e-6)
+    assert diag["couplings"].shape == (3, 2, 9, 9)
+    with pytest.raises(ValueError, match="max_len"):
+        call(model, jnp.zeros(11, jnp.int32))
+
+
+def test_heads_and_dropout(getkey):
+    common = dict(dim=16, depth=2, num_heads=2, max_len=10, key=getkey())
+    tokens = jax.random.randint(getkey(), (9,), 0, 12)
+    shapes = lambda m: jax.eval_shape(m, tokens).shape  # noqa: E731
+    assert shapes(nn.CausalLM(12, **common)) == (9, 12)
+    assert shapes(nn.Tagger(12, 5, **common)) == (9, 5)
+    assert shapes(nn.Classifier(12, 3, **common)) == (3,)
+    # dropout only with a key
+    drop = nn.Tagger(12, 5, dropout=0.5, **common)
+    a, b = call(drop, tokens, key=getkey()), call(drop, tokens, key=getkey())
+    assert not np.allclose(a, b) and np.allclose(call(drop, tokens), call(drop, tokens))
+
+
+def test_compile_size_does_not_grow_with_depth(getkey):
+    tokens = jnp.zeros(8, jnp.int32)
+
+    def n_eqns(depth):
+        m = nn.CausalLM(12, 16, depth, num_heads=2, max_len=8, attention="spin",
+                        key=jax.random.key(0))
+        return len(jax.make_jaxpr(lambda t: m(t))(tokens).jaxpr.eqns)
+
+    assert n_eqns(2) == n_eqns(12)
+
+
+def test_unknown_attention(getkey):
+    with pytest.raises(ValueError, match="unknown attention"):
+        nn.Transformer(12, 16, 1, attention="hopfield", key=getkey())
