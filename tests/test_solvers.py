@@ -200,6 +200,7 @@ def _fd_grad(f, x, eps=1e-6):
     [
         (S.Anderson(), S.Implicit(tol=1e-11)),
         (S.Anderson(), S.Implicit(linear_solver="bicgstab", tol=1e-11)),
+        (S.Anderson(), S.Implicit(linear_solver="anderson", tol=1e-11)),
         (S.Picard(damping=0.2), S.Implicit(tol=1e-11)),
         (S.Broyden(), S.Implicit(tol=1e-11)),
         (S.JaxoptAnderson(), S.Implicit(tol=1e-11)),
@@ -234,7 +235,7 @@ def test_unrolled_through_anderson_matches_fd(x64):
     np.testing.assert_allclose(jax.grad(loss)(h), _fd_grad(loss, h), rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("linear_solver", ["gmres", "bicgstab", "picard"])
+@pytest.mark.parametrize("linear_solver", ["gmres", "bicgstab", "picard", "anderson"])
 def test_gradient_wrt_closed_over_parameters(linear_solver, x64):
     rng = np.random.default_rng(7)
     W = jnp.asarray(random_contraction(rng, 5, 0.7))
@@ -437,3 +438,23 @@ def test_forward_failure_is_not_lost_under_jit_grad(adjoint):
                                                     adjoint=adjoint, max_steps=5).value.sum()))
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(grad(jnp.ones(2)))
+
+
+def test_spectral_radius_tells_stable_from_unstable_fixed_points(getkey, x64):
+    rng = np.random.default_rng(11)
+    Q = np.linalg.qr(rng.normal(size=(5, 5)))[0]
+    for eigs in ([0.5, -0.9, 0.1, 0.3, 0.2], [1.5, 0.2, -0.1, 0.0, 0.4]):
+        A = jnp.asarray(Q @ np.diag(eigs) @ Q.T)
+        rho = S.spectral_radius(linear_map, jnp.zeros(5), (A, jnp.zeros(5)), key=getkey(),
+                                steps=300)
+        np.testing.assert_allclose(rho, max(abs(e) for e in eigs), rtol=0.02)
+    # A rotation-scaling (complex eigenvalues 0.8 e^{±iπ/3}) is handled by Gelfand's formula.
+    c, s_ = np.cos(np.pi / 3), np.sin(np.pi / 3)
+    R = jnp.asarray(0.8 * np.array([[c, -s_], [s_, c]]))
+    rho = S.spectral_radius(linear_map, jnp.zeros(2), (R, jnp.zeros(2)), key=getkey(), steps=200)
+    np.testing.assert_allclose(rho, 0.8, rtol=1e-6)
+    # The mean-field Ising map m = tanh(β J m) at β J = 2 has an unstable fixed point at 0.
+    mf = lambda m, _: jnp.tanh(2.0 * jnp.mean(m) * jnp.ones(3))
+    assert float(S.spectral_radius(mf, jnp.zeros(3), None, key=getkey())) > 1.9
+    m_star = S.fixed_point(mf, jnp.full(3, 0.5), None, solver=S.Picard(), tol=1e-12).value
+    assert float(S.spectral_radius(mf, m_star, None, key=getkey())) < 1.0

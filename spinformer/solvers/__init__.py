@@ -15,6 +15,7 @@ from ._adjoint import (
     Phantom,
     Unrolled,
     jacobian_penalty,
+    spectral_radius,
 )
 from ._fixed_point import fixed_point, root_find
 from ._results import RESULTS, Solution
@@ -48,4 +49,5 @@ __all__ = [
     "l2_norm",
     "max_norm",
     "root_find",
+    "spectral_radius",
 ]

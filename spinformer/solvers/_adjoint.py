@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._solvers import l2_norm
+from ._solvers import Anderson, _Problem, l2_norm
 
 
 def _stop(tree):
@@ -55,11 +55,13 @@ class Implicit(AbstractAdjoint):
 
     **Arguments:**
 
-    - `linear_solver`: `"gmres"` (default, robust), `"bicgstab"`, or `"picard"` (the Neumann
+    - `linear_solver`: `"gmres"` (default, robust), `"bicgstab"`, `"anderson"` (Anderson
+      acceleration of the Richardson iteration with `restart` history entries; few
+      overheads, often the fastest for DEQ-sized problems), or `"picard"` (the plain Neumann
       iteration w ← ḡ + (∂g/∂x)ᵀ w, which needs a contractive map).
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
-    - `restart`: Krylov subspace size for GMRES.
+    - `restart`: Krylov subspace size for GMRES; history size for `"anderson"`.
 
     A backward solve that misses its tolerance (checked on the true residual, after the
     solve) raises when the forward call had `throw=True`, and otherwise makes the gradients
@@ -72,10 +74,10 @@ class Implicit(AbstractAdjoint):
     restart: int = 20
 
     def __check_init__(self):
-        if self.linear_solver not in ("gmres", "bicgstab", "picard"):
+        if self.linear_solver not in ("gmres", "bicgstab", "picard", "anderson"):
             raise ValueError(
                 f"Implicit(linear_solver={self.linear_solver!r}): choose 'gmres', "
-                "'bicgstab' or 'picard'."
+                "'bicgstab', 'picard' or 'anderson'."
             )
         if not self.tol > 0:
             raise ValueError(f"Implicit(tol={self.tol}) must be > 0.")
@@ -107,6 +109,23 @@ class Implicit(AbstractAdjoint):
             w, _ = jax.scipy.sparse.linalg.bicgstab(
                 matvec, b, x0=b, tol=self.tol, maxiter=self.max_steps
             )
+        elif self.linear_solver == "anderson":
+            # Anderson on the Richardson map w <- w + (b - A^T w); for a linear map this is a
+            # restarted-GMRES-like Krylov method with a short, cheap history.
+            prob = _Problem(lambda w, _: w + (b - matvec(w)), "fixed_point", l2_norm)
+            solver = Anderson(history=self.restart, safeguard=False)
+            target = self.tol * l2_norm(b)
+
+            def cond(c):
+                state, k = c
+                return (k < self.max_steps) & (state.best_rnorm > target)
+
+            def body(c):
+                state, k = c
+                return solver.step(prob, state, None), k + 1
+
+            state, _ = jax.lax.while_loop(cond, body, (solver.init(prob, b, None), 0))
+            w = state.best_x
         else:
             bnorm = l2_norm(b)
 
@@ -148,9 +167,10 @@ def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw):
 
 @_implicit_identity.def_bwd
 def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw):
-    del residuals, perturbed
+    del residuals
     prob, args = vjp_arg
-    diff, static = eqx.partition(vjp_arg, eqx.is_inexact_array)
+    # Only the leaves being differentiated get a cotangent (skips, e.g., a fixed J).
+    diff, static = eqx.partition(vjp_arg, perturbed)
 
     def fn_of(d, x):
         p, a = eqx.combine(d, static)
@@ -231,3 +251,39 @@ def jacobian_penalty(
     eps = jax.random.normal(key, (num_samples,) + out.shape, out.dtype)
     rows = jax.vmap(lambda e: vjp(e)[0])(eps)
     return jnp.mean(jnp.sum(rows**2, axis=-1))
+
+
+def spectral_radius(
+    fn: Callable, x, args=None, *, key, steps: int = 100
+) -> jax.Array:
+    """Estimate the spectral radius of ∂fn/∂x at `x`: whether a fixed point attracts.
+
+    A fixed point x* = fn(x*) is stable (plain iteration converges to it) when the spectral
+    radius ρ of the Jacobian is below 1. Anderson, Broyden and Newton also converge to
+    unstable fixed points (ρ > 1) — e.g. the paramagnetic TAP solution below the critical
+    temperature — so checking ρ tells which one was found. Uses Gelfand's formula
+    ρ ≈ ‖Aᵏv‖^{1/k} with k = `steps` Jacobian–vector products (jvp; never the Jacobian),
+    which converges for any matrix, including complex-conjugate dominant eigenvalues.
+
+    **Arguments:** `fn(x, args) -> pytree like x`; `x` any pytree of floating arrays; `key` a
+    PRNG key for the start vector. **Returns:** a scalar estimate of ρ.
+    """
+    if not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps={steps!r} must be an int >= 1.")
+    x_flat, unravel = ravel_pytree(x)
+
+    def f_flat(v):
+        return ravel_pytree(fn(unravel(v), args))[0]
+
+    _, jvp = jax.linearize(f_flat, x_flat)
+    v = jax.random.normal(key, x_flat.shape, x_flat.dtype)
+    v = v / l2_norm(v)
+
+    def body(_, carry):
+        v, log_growth = carry
+        w = jvp(v)
+        nw = l2_norm(w)
+        return w / jnp.where(nw > 0, nw, 1.0), log_growth + jnp.log(nw)
+
+    _, log_growth = jax.lax.fori_loop(0, steps, body, (v, jnp.zeros((), x_flat.dtype)))
+    return jnp.exp(log_growth / steps)
