@@ -14,7 +14,16 @@ from ._checkpoint import (
 from ._experiment import build_dataset, build_model, build_optimizer, report, run
 from ._figures import plot_run, plot_runs
 from ._loop import fit
-from ._step import evaluate, loss_fn, make_optimizer, make_schedule, make_step, num_params
+from ._step import (
+    evaluate,
+    init_opt_state,
+    loss_fn,
+    make_optimizer,
+    make_schedule,
+    make_step,
+    num_params,
+    params_of,
+)
 
 __all__ = [
     "CorruptCheckpoint",
@@ -23,6 +32,7 @@ __all__ = [
     "build_optimizer",
     "evaluate",
     "fit",
+    "init_opt_state",
     "list_checkpoints",
     "load_latest",
     "loss_fn",
@@ -30,6 +40,7 @@ __all__ = [
     "make_schedule",
     "make_step",
     "num_params",
+    "params_of",
     "plot_run",
     "plot_runs",
     "read_checkpoint",

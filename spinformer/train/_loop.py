@@ -11,7 +11,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import _checkpoint as ckpt
 from ._figures import plot_run

@@ -155,8 +155,14 @@ def make_optimizer(
     return tx
 
 
+def params_of(model) -> PyTree:
+    """The trainable leaves of `model` (its floating arrays; other leaves None)."""
+    return eqx.filter(model, eqx.is_inexact_array)
+
+
 def init_opt_state(optimizer: optax.GradientTransformation, model) -> PyTree:
-    return optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    """`optimizer.init` on the trainable leaves of `model`."""
+    return optimizer.init(params_of(model))
 
 
 def num_params(model) -> int:
