@@ -28,15 +28,6 @@ def check_vector(name: str, v, what: str, n: int | None = None) -> int:
     return shape[0]
 
 
-def check_floating(name: str, **arrays) -> None:
-    for what, a in arrays.items():
-        if a is None:
-            continue
-        dt = jnp.result_type(a)
-        if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
-            raise ValueError(f"{name}: {what} must be a real array, got dtype {dt}.")
-
-
 def as_float(*arrays):
     """Promote inputs to a common floating dtype (float32 unless x64 is on)."""
     dt = jnp.result_type(*[a for a in arrays if a is not None], jnp.float32)

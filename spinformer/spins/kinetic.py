@@ -151,7 +151,9 @@ def entropy_production(
 
     **Returns:** a scalar (≥ 0 for exact stationary D).
     """
-    n = jnp.shape(J)[0] if jnp.ndim(J) == 2 else -1
+    if jnp.ndim(J) != 2:
+        raise ValueError(f"entropy_production: J must have shape (n, n), got {jnp.shape(J)}.")
+    n = jnp.shape(J)[0]
     check_square("entropy_production", J, n)
     check_square("entropy_production", D, n, what="D")
     J, D, beta = as_float(J, D, beta)

@@ -399,4 +399,5 @@ def tap_ness(
         m0 = _phi_large(x, beta, R)
     m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
     return solve("tap_ness", _ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint,
-                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution, norm=norm)
+                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution,
+                 norm=norm)
