@@ -21,9 +21,9 @@ def _reference_ratio(nu, x):
     nu, x = np.broadcast_arrays(np.asarray(nu, np.float64), np.asarray(x, np.float64))
     with np.errstate(all="ignore"):
         ref = sp.ive(nu + 1, x) / sp.ive(nu, x)
-        series = x / (2 * (nu + 1)) * sp.hyp0f1(nu + 2, x**2 / 4) / sp.hyp0f1(nu + 1, x**2 / 4)
-    use_series = ~np.isfinite(ref) | (sp.ive(nu, x) < 1e-280)
-    ref = np.where(use_series, series, ref)
+    s = ~np.isfinite(ref) | (sp.ive(nu, x) < 1e-280)
+    n_, x_ = nu[s], x[s]
+    ref[s] = x_ / (2 * (n_ + 1)) * sp.hyp0f1(n_ + 2, x_**2 / 4) / sp.hyp0f1(n_ + 1, x_**2 / 4)
     assert np.all(np.isfinite(ref))
     return ref
 
