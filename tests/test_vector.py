@@ -20,12 +20,13 @@ def _reference_ratio(nu, x):
     (large order, small argument) the power series x/(2(ν+1)) · ₀F₁(ν+2; x²/4)/₀F₁(ν+1; x²/4)."""
     nu, x = np.broadcast_arrays(np.asarray(nu, np.float64), np.asarray(x, np.float64))
     with np.errstate(all="ignore"):
-        ref = sp.ive(nu + 1, x) / sp.ive(nu, x)
+        ref = np.atleast_1d(sp.ive(nu + 1, x) / sp.ive(nu, x))
+    nu, x = np.atleast_1d(nu), np.atleast_1d(x)
     s = ~np.isfinite(ref) | (sp.ive(nu, x) < 1e-280)
     n_, x_ = nu[s], x[s]
     ref[s] = x_ / (2 * (n_ + 1)) * sp.hyp0f1(n_ + 2, x_**2 / 4) / sp.hyp0f1(n_ + 1, x_**2 / 4)
     assert np.all(np.isfinite(ref))
-    return ref
+    return ref.reshape(np.shape(ref)) if ref.size > 1 else ref[0]
 
 
 @pytest.fixture(scope="module")
