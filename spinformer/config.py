@@ -83,9 +83,11 @@ class SpinConfig:
     adjoint: str = _f("implicit", "how gradients flow through the fixed point",
                       ("implicit", "unrolled", "phantom", "onestep"))
     adjoint_solver: str = _f("gmres", "implicit adjoint only: linear solver of the backward "
-                             "system", ("gmres", "bicgstab", "picard"))
+                             "system", ("gmres", "bicgstab", "anderson", "picard"))
     adjoint_tol: float = _f(1e-3, "implicit adjoint only: relative tolerance of the backward "
                             "linear solve")
+    adjoint_restart: int = _f(5, "implicit adjoint only: Krylov size (gmres) or history "
+                              "(anderson) of the backward solve")
     tol: float = _f(1e-3, "fixed-point tolerance on the max-norm residual")
     max_steps: int = _f(30, "most solver iterations per fixed point")
     output_proj: bool = _f(True, "mix the heads' magnetizations with a learned linear map")
@@ -117,7 +119,9 @@ class ModelConfig:
             "jaxopt_anderson": solvers.JaxoptAnderson(),
         }[s.solver]
         adjoint = {
-            "implicit": solvers.Implicit(linear_solver=s.adjoint_solver, tol=s.adjoint_tol),
+            "implicit": solvers.Implicit(
+                linear_solver=s.adjoint_solver, tol=s.adjoint_tol, restart=s.adjoint_restart
+            ),
             "unrolled": solvers.Unrolled(),
             "phantom": solvers.Phantom(),
             "onestep": solvers.OneStep(),

@@ -133,6 +133,13 @@ def fit(
                     rec["lr"] = float(lr_schedule(step - 1))
                 rec["time_s"] = round(now(), 3)
                 log(rec)
+                if not math.isfinite(rec["loss"]):
+                    last = ckpt.list_checkpoints(out)
+                    where = f"; the last good checkpoint is {last[-1][1]}" if last else ""
+                    raise FloatingPointError(
+                        f"training diverged at step {step}: the loss is {rec['loss']}{where}. "
+                        "Lower train.lr, raise model.spin.max_steps, or use a smaller beta."
+                    )
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}")
             if step % eval_every == 0 or step == steps:
                 last_eval = evaluate(model, eval_set)
