@@ -84,20 +84,14 @@ def _local_field(j, s, h, J, K_sym):
     return f
 
 
-def _sweep(s, key, h, J, K_sym, beta):
-    """One systematic-scan Gibbs sweep over all spins (heat-bath updates)."""
-    n = s.shape[0]
-    u = jax.random.uniform(key, (n,), dtype=s.dtype)
+def _sweep(s, u, h, J, K_sym, beta):
+    """One systematic-scan Gibbs sweep over all spins (heat-bath updates), uniforms `u`."""
 
     def body(j, s):
         p_up = jax.nn.sigmoid(2.0 * beta * _local_field(j, s, h, J, K_sym))
         return s.at[j].set(jnp.where(u[j] < p_up, 1.0, -1.0).astype(s.dtype))
 
-    return jax.lax.fori_loop(0, n, body, s, unroll=n <= 16)
-
-
-def _random_spins(key, n, dtype):
-    return jnp.where(jax.random.bernoulli(key, 0.5, (n,)), 1.0, -1.0).astype(dtype)
+    return jax.lax.fori_loop(0, s.shape[0], body, s)
 
 
 def energy(
@@ -156,19 +150,23 @@ def gibbs(
     _check_int(name, "burn_in", burn_in, 0)
     _check_int(name, "thin", thin, 1)
     beta = jnp.asarray(beta, h.dtype)
-    k0, k1, k2 = jax.random.split(key, 3)
-    s = _random_spins(k0, n, h.dtype)
+    # All random numbers are drawn up front in one call (RNG inside loops, or several RNG
+    # calls, cost seconds of compile time on CPU): (1 + burn_in + num_samples·thin)·n
+    # uniforms, the first row for the random initial state.
+    u = jax.random.uniform(key, (1 + burn_in + num_samples * thin, n), dtype=h.dtype)
+    s = jnp.where(u[0] < 0.5, 1.0, -1.0).astype(h.dtype)
+    u = u[1:]
 
-    def step(s, key):
-        return _sweep(s, key, h, J, K_sym, beta), None
+    def step(s, u_sweep):
+        return _sweep(s, u_sweep, h, J, K_sym, beta), None
 
-    s, _ = jax.lax.scan(step, s, jax.random.split(k1, burn_in))
+    s, _ = jax.lax.scan(step, s, u[:burn_in])
 
-    def record(s, key):
-        s, _ = jax.lax.scan(step, s, jax.random.split(key, thin))
+    def record(s, u_thin):
+        s, _ = jax.lax.scan(step, s, u_thin)
         return s, s
 
-    _, samples = jax.lax.scan(record, s, jax.random.split(k2, num_samples))
+    _, samples = jax.lax.scan(record, s, u[burn_in:].reshape(num_samples, thin, n))
     return samples
 
 
@@ -220,47 +218,47 @@ def parallel_tempering(
         )
     betas = jnp.asarray(betas, h.dtype)
     R = betas.shape[0]
-    k0, k1, k2 = jax.random.split(key, 3)
-    states = jax.vmap(lambda k: _random_spins(k, n, h.dtype))(jax.random.split(k0, R))
     r = jnp.arange(R)
+    total = burn_in + num_samples * thin
+    # random numbers drawn up front in one call (as in `gibbs`): the first row gives the
+    # initial states, the last column the swap decisions
+    u = jax.random.uniform(key, (1 + total, R, n + 1), dtype=h.dtype)
+    states = jnp.where(u[0, :, :n] < 0.5, 1.0, -1.0).astype(h.dtype)
+    u_sweep = u[1:, :, :n]
+    log_u_swap = jnp.log(u[1:, :, n])
+    parity = jnp.arange(total) % 2
 
     def step(carry, inp):
         states, accepted, proposed = carry
-        key, parity = inp
-        ks, ku = jax.random.split(key)
-        states = jax.vmap(lambda s, k, b: _sweep(s, k, h, J, K_sym, b))(
-            states, jax.random.split(ks, R), betas)
+        u, log_u, par = inp
+        states = jax.vmap(lambda s, u_, b: _sweep(s, u_, h, J, K_sym, b))(states, u, betas)
         E = jax.vmap(lambda s: _energy(s, h, J, K_sym))(states)
-        # pair (i, i+1) for i of the current parity; each replica finds its partner
-        left = (r - parity) % 2 == 0
+        # pairs (i, i+1) with i of the current parity; each replica finds its partner
+        left = (r - par) % 2 == 0
         partner = jnp.where(left, r + 1, r - 1)
         valid = (partner >= 0) & (partner < R)
         partner = jnp.clip(partner, 0, R - 1)
-        first = jnp.minimum(r, partner)  # both members of a pair share one uniform
-        log_u = jnp.log(jax.random.uniform(ku, (R,), dtype=h.dtype))[first]
+        log_u = log_u[jnp.minimum(r, partner)]  # both members of a pair share one uniform
         log_acc = (betas - betas[partner]) * (E - E[partner])
         accept = valid & (log_u < log_acc)
         states = jnp.where(accept[:, None], states[partner], states)
         pair_ok = valid & left  # count each proposal once, at its left member
         accepted = accepted + jnp.where(pair_ok & accept, 1.0, 0.0)[:-1]
         proposed = proposed + jnp.where(pair_ok, 1.0, 0.0)[:-1]
-        return (states, accepted, proposed), states[0]
+        return (states, accepted, proposed), None
 
     zeros = jnp.zeros((R - 1,), h.dtype)
     carry = (states, zeros, zeros)
-    parities = jnp.arange(burn_in) % 2
-    carry, _ = jax.lax.scan(step, carry, (jax.random.split(k1, burn_in), parities))
+    xs = (u_sweep, log_u_swap, parity)
+    carry, _ = jax.lax.scan(step, carry, jax.tree_util.tree_map(lambda x: x[:burn_in], xs))
 
-    # parity alternates per sweep; thin sweeps per record keep alternating through the count
-    def record_alt(carry, inp):
-        key, offset = inp
-        keys = jax.random.split(key, thin)
-        carry, out = jax.lax.scan(step, carry, (keys, (offset + jnp.arange(thin)) % 2))
-        return carry, out[-1]
+    def record(carry, inp):
+        carry, _ = jax.lax.scan(step, carry, inp)
+        return carry, carry[0][0]
 
-    offsets = (burn_in + thin * jnp.arange(num_samples)) % 2
-    (_, accepted, proposed), samples = jax.lax.scan(
-        record_alt, carry, (jax.random.split(k2, num_samples), offsets))
+    rest = jax.tree_util.tree_map(
+        lambda x: x[burn_in:].reshape((num_samples, thin) + x.shape[1:]), xs)
+    (_, accepted, proposed), samples = jax.lax.scan(record, carry, rest)
     if return_swap_rate:
         return samples, accepted / jnp.maximum(proposed, 1.0)
     return samples
