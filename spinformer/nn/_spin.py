@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from ..spins import vector
 from ._block import FeedForward
 from ._masks import combine_masks
 from ._softmax import _check_shapes
@@ -190,9 +191,10 @@ class SpinAttention(eqx.Module):
         """**Arguments:**
 
         - `x`: tokens `(n, d)` (the external fields).
-        - `context`: `(s, d)` for cross-attention: couplings `softmax(q(x) k(c)ᵀ)` and the
-          context's subspaces act as the previous magnetizations, so the output is one
-          mean-field time step driven by the context (no self-consistency over the context).
+        - `context`: `(s, d)` for cross-attention: couplings `softmax(q(x) k(c)ᵀ)`; the context
+          spins feel their own fields (the context's subspaces, norm R) and no couplings, and
+          their magnetizations act as the previous time step of the query spins, so the
+          output is one (naive or TAP) mean-field step driven by the context.
         - `mask`: boolean `(n, s)`, True where a coupling is allowed (combined with `causal`).
         - `state`: `(n, d)` magnetizations carried from a previous call (`init="carried"`).
         - `key`: unused (no randomness).
@@ -204,32 +206,29 @@ class SpinAttention(eqx.Module):
         `(output, diagnostics)`.
         """
         del key
-        from ..spins import vector
-
         ctx = x if context is None else context
         _check_shapes("SpinAttention", x, ctx, self.dim)
         n, h, dh = x.shape[0], self.num_heads, self.head_dim
         J = self.couplings(x, context, mask)
         xh = self.fields(x)
         beta, R = self.beta, self.radius
-        phi = lambda t: vector.magnetization(t, beta=beta, R=R)  # noqa: E731
 
         if context is not None:
             # The context spins are driven by their own fields and feel no couplings; the
             # decoder spins feel them through J as the previous time step's magnetizations.
             ch = self.fields(ctx)
-            m_prev = jax.vmap(jax.vmap(phi))(ch)
-            m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(vector, mp, cc, xx, jj))(
+            m_prev = vector.magnetization(ch, beta=beta, R=R)
+            m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(mp, cc, xx, jj))(
                 xh, J, ch, m_prev
             )
         elif self.mode == "fixed_point":
-            m0 = jax.vmap(jax.vmap(phi))(xh)
-            m, stats = jax.vmap(lambda xx, jj, m0_: self._steady_state(vector, m0_, xx, jj))(
+            m0 = vector.magnetization(xh, beta=beta, R=R)
+            m, stats = jax.vmap(lambda xx, jj, m0_: self._steady_state(m0_, xx, jj))(
                 xh, J, m0
             )
         else:
-            m0 = self._initial_state(phi, xh, state)
-            m, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(vector, m0_, xx, jj))(
+            m0 = self._initial_state(xh, state)
+            m, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
                 xh, J, m0
             )
 
@@ -254,7 +253,7 @@ class SpinAttention(eqx.Module):
         return dict(solver=self.solver, adjoint=self.adjoint, tol=self.tol,
                     max_steps=self.max_steps, throw=self.throw)
 
-    def _one_step(self, vector, m_prev, x, J):
+    def _one_step(self, m_prev, x, J):
         """One mean-field time step m_t = update(m_{t-1}); stats (steps, residual, result)."""
         if self.update == "naive":
             m = vector.naive_step(m_prev, x, J, beta=self.beta, R=self.radius)
@@ -264,7 +263,7 @@ class SpinAttention(eqx.Module):
                               return_solution=True, **self._solve_kwargs())
         return sol.value, (sol.num_steps, sol.residual, sol.result)
 
-    def _cross_step(self, vector, m_ctx, x_ctx, x, J):
+    def _cross_step(self, m_ctx, x_ctx, x, J):
         """One step of the n query spins driven by s context spins through J (n, s).
 
         Embedded exactly as one square system of n + s spins: couplings [[0, J], [0, 0]],
@@ -275,10 +274,10 @@ class SpinAttention(eqx.Module):
         J_big = jnp.zeros((n + s, n + s), J.dtype).at[:n, n:].set(J)
         x_big = jnp.concatenate([x, x_ctx], axis=0)
         m_prev = jnp.concatenate([jnp.zeros_like(x), m_ctx], axis=0)
-        m, stats = self._one_step(vector, m_prev, x_big, J_big)
+        m, stats = self._one_step(m_prev, x_big, J_big)
         return m[:n], stats
 
-    def _steady_state(self, vector, m0, x, J):
+    def _steady_state(self, m0, x, J):
         """The NESS m* = update(m*, m*) solved as a fixed point."""
         if self.update == "tap":
             sol = vector.tap_ness(x, J, beta=self.beta, R=self.radius, m0=m0,
@@ -291,7 +290,7 @@ class SpinAttention(eqx.Module):
             )
         return sol.value, (sol.num_steps, sol.residual, sol.result)
 
-    def _initial_state(self, phi, xh, state):
+    def _initial_state(self, xh, state):
         n, h, dh = xh.shape[1], self.num_heads, self.head_dim
         if self.init == "learned":
             return jnp.broadcast_to(self.m_init[:, None, :], (h, n, dh)).astype(xh.dtype)
@@ -302,14 +301,14 @@ class SpinAttention(eqx.Module):
                     f"{state.shape}. Pass the previous call's diagnostics['state']."
                 )
             return state.reshape(n, h, dh).transpose(1, 0, 2)
-        return jax.vmap(jax.vmap(phi))(xh)
+        return vector.magnetization(xh, beta=self.beta, R=self.radius)
 
-    def _time_steps(self, vector, m0, x, J):
+    def _time_steps(self, m0, x, J):
         """K time steps from m0; stats: total inner solver steps, last change, worst result."""
 
         def body(carry, _):
             m, steps, result = carry
-            m_new, (k, _, res) = self._one_step(vector, m, x, J)
+            m_new, (k, _, res) = self._one_step(m, x, J)
             return (m_new, steps + k, jnp.maximum(result, res)), m_new - m
 
         zero = jnp.asarray(0, jnp.int32)

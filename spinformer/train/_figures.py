@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Iterable, Optional
+
 
 
 def _plt():

@@ -9,13 +9,12 @@ import time
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from . import _checkpoint as ckpt
 from ._figures import plot_run
-from ._step import evaluate, init_opt_state, make_schedule, make_step, to_device
+from ._step import evaluate, init_opt_state, make_step, to_device
 
 
 def _read_records(path: pathlib.Path) -> list[dict]:
