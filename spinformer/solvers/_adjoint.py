@@ -228,6 +228,16 @@ class OneStep(AbstractAdjoint):
         return value + (y - jax.lax.stop_gradient(y)), stats
 
 
+def _flat_map(fn, x, args):
+    """`(x_flat, f_flat)` with f_flat(v) = ravel(fn(unravel(v), args)) on one flat vector."""
+    x_flat, unravel = ravel_pytree(x)
+
+    def f_flat(v):
+        return ravel_pytree(fn(unravel(v), args))[0]
+
+    return x_flat, f_flat
+
+
 def jacobian_penalty(
     fn: Callable, x, args=None, *, key, num_samples: int = 1
 ) -> jax.Array:
@@ -242,11 +252,7 @@ def jacobian_penalty(
     """
     if not (isinstance(num_samples, int) and num_samples >= 1):
         raise ValueError(f"num_samples={num_samples!r} must be an int >= 1.")
-    x_flat, unravel = ravel_pytree(x)
-
-    def f_flat(v):
-        return ravel_pytree(fn(unravel(v), args))[0]
-
+    x_flat, f_flat = _flat_map(fn, x, args)
     out, vjp = jax.vjp(f_flat, x_flat)
     eps = jax.random.normal(key, (num_samples,) + out.shape, out.dtype)
     rows = jax.vmap(lambda e: vjp(e)[0])(eps)
@@ -270,11 +276,7 @@ def spectral_radius(
     """
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps={steps!r} must be an int >= 1.")
-    x_flat, unravel = ravel_pytree(x)
-
-    def f_flat(v):
-        return ravel_pytree(fn(unravel(v), args))[0]
-
+    x_flat, f_flat = _flat_map(fn, x, args)
     _, jvp = jax.linearize(f_flat, x_flat)
     v = jax.random.normal(key, x_flat.shape, x_flat.dtype)
     v = v / l2_norm(v)
