@@ -7,6 +7,7 @@ import pytest
 from jax.test_util import check_grads
 
 from spinformer.spins import ising
+from spinformer.spins import _boltzmann
 from spinformer.spins._boltzmann import boltzmann_marginals
 
 from spin_helpers import ising_exact, random_symmetric
@@ -67,7 +68,7 @@ def test_agrees_with_ising_exact_marginals():
     got = np.asarray(_jit(h, J, causal=True, K=K))
     for q in [0, 3, 6]:
         n = q + 1
-        want = ising.exact_marginals(h[q, :n], J[:n, :n], K=K[:n, :n, :n])
+        want = jax.jit(ising.exact_marginals)(h[q, :n], J[:n, :n], K=K[:n, :n, :n])
         np.testing.assert_allclose(got[q, :n], want, atol=2e-6)
 
 
@@ -83,38 +84,67 @@ def test_gradients_match_finite_differences(x64):
     h, J, K = _problem(11, T, T, True, np.float64)
     w = np.random.default_rng(0).normal(size=(T, T))
 
+    @jax.jit
     def loss(h_, J_, K_):
         return jnp.sum(w * jnp.sin(boltzmann_marginals(h_, J_, causal=True, K=K_)))
 
     check_grads(loss, (h, J, K), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
     # fluctuation–dissipation: ∂⟨s_j⟩/∂h_k is the connected correlation (seed Eq. 10)
-    jac = jax.jacobian(lambda hq: boltzmann_marginals(hq[None], J, causal=False)[0])(h[2])
-    np.testing.assert_allclose(jac, ising.connected_correlations(h[2], J), atol=1e-10)
+    jac = jax.jit(jax.jacobian(lambda hq: boltzmann_marginals(hq[None], J, causal=False)[0]))
+    np.testing.assert_allclose(jac(h[2]), ising_exact(h[2], J, 1.0)[2], atol=1e-10)
     # invisible fields get no gradient
-    g = jax.grad(lambda h_: jnp.sum(boltzmann_marginals(h_, J, causal=True)))(h)
+    g = jax.jit(jax.grad(lambda h_: jnp.sum(boltzmann_marginals(h_, J, causal=True))))(h)
     assert np.all(np.asarray(g)[np.triu_indices(T, 1)] == 0.0)
 
 
-def test_twenty_positions_chunked_memory():
-    """T = 20 (2^20 configurations × 20 queries) runs in chunks: XLA's temporary memory stays
-    far below the 80 MiB a materialised table of weights would take, in the forward and in
-    the backward pass, and float32 stays accurate."""
+@pytest.mark.parametrize("Q", [8, 5, 11])
+def test_small_chunks_exercise_levels(monkeypatch, x64, Q):
+    """With chunks of 2^4 configurations, T = 8 goes through every level and level group of
+    the causal enumeration (partially and fully masked chunks), values and gradients."""
+    monkeypatch.setattr(_boltzmann, "_CHUNK_BITS", 4)
+    T = 8
+    h, J, K = _problem(Q, Q, T, Q == 8, np.float64)
+    f = jax.jit(lambda h_, J_, K_: boltzmann_marginals(h_, J_, causal=True, K=K_))
+    np.testing.assert_allclose(f(h, J, K), _reference(h, J, True, K), atol=1e-12)
+    if Q == 11:
+        w = np.random.default_rng(1).normal(size=(Q, T))
+        loss = jax.jit(lambda h_, J_: jnp.sum(w * jnp.sin(f(h_, J_, None))))
+        check_grads(loss, (h, J), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+def _twenty():
     T = 20
     h, J, _ = _problem(20, T, T, False)
-    h = 0.5 * h
+    return 0.5 * h, J
+
+
+def test_twenty_positions_chunked():
+    """T = 20 (2^20 configurations × 20 queries) runs in chunks: XLA's temporary memory stays
+    far below the 80 MiB a materialised table of weights would take, and float32 stays
+    accurate (chunked log-sum-exps)."""
+    h, J = _twenty()
     fwd = jax.jit(lambda h_, J_: boltzmann_marginals(h_, J_, causal=True)).lower(h, J).compile()
-    grad = jax.jit(jax.grad(lambda h_, J_: jnp.sum(boltzmann_marginals(h_, J_, causal=True)),
-                            argnums=(0, 1))).lower(h, J).compile()
-    for compiled in (fwd, grad):
-        mem = compiled.memory_analysis()
-        if mem is not None:
-            assert mem.temp_size_in_bytes < 32 * 2**20
+    mem = fwd.memory_analysis()
+    if mem is not None:
+        assert mem.temp_size_in_bytes < 32 * 2**20
     got = np.asarray(fwd(h, J))
-    for q in [13, 19]:  # 14 visible (the first level above one chunk) and all 20
-        n = q + 1
-        want = ising.exact_marginals(h[q, :n], J[:n, :n])
-        np.testing.assert_allclose(got[q, :n], want, atol=1e-5)
+    np.testing.assert_allclose(got[19], jax.jit(ising.exact_marginals)(h[19], J), atol=1e-5)
+    np.testing.assert_allclose(got[13, :14], ising_exact(h[13, :14], J[:14, :14], 1.0)[1],
+                               atol=1e-5)
     assert np.all(got[12, 13:] == 0.0)
+
+
+@pytest.mark.slow
+def test_twenty_positions_backward_memory():
+    """The backward pass rematerialises chunks, so it stays memory-bounded too."""
+    h, J = _twenty()
+    grad = jax.jit(jax.grad(lambda h_, J_: jnp.sum(jnp.sin(boltzmann_marginals(h_, J_))),
+                            argnums=(0, 1))).lower(h, J).compile()
+    mem = grad.memory_analysis()
+    if mem is not None:
+        assert mem.temp_size_in_bytes < 32 * 2**20
+    gh, gJ = grad(h, J)
+    assert np.all(np.isfinite(gh)) and np.all(np.isfinite(gJ))
 
 
 def test_input_validation():
