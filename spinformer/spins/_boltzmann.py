@@ -20,13 +20,14 @@ index, s_k = 1 − 2·bit_k as in `ising`):
   which adds to the shared energy a term linear in the visible spins, (J u)·s with u the
   hidden indicator; subtracting it from the query's fields restores the visible-only model
   (with K, a pairwise and a field correction, see `_corrections`). So configurations in
-  [2^(m−1), 2^m) are only touched by the queries with at least m visible positions; the
-  total work is ≈ 2·2^T·(queries) / T·... i.e. about 2·2^T configuration-query pairs for
-  Q = T instead of T·2^T.
-- Configurations are processed in chunks of 2^12 with a running (partial) log-sum-exp, so
-  float32 keeps ~1e-6 accuracy at T = 20 and memory stays at O(Q·2^12) per chunk; chunk
-  bodies are rematerialised in the backward pass (`jax.checkpoint`), so gradients by plain
-  autodiff stay memory-bounded as well.
+  [2^(m−1), 2^m) are only touched by the queries with at least m visible positions: about
+  2·2^T configuration-query pairs for Q = T instead of T·2^T (less than twice that once
+  levels are grouped, see below).
+- Configurations are processed in chunks of 2^12 with partial log-sum-exps combined at the
+  end, so float32 keeps ~1e-6 accuracy at T = 20 and memory stays at O(Q·2^12) per chunk;
+  chunk bodies are rematerialised in the backward pass (`jax.checkpoint`), so gradients by
+  plain autodiff stay memory-bounded as well. Levels of chunks needing similar numbers of
+  queries share one loop (masked), so only about log2(Q) loops are compiled.
 """
 
 from __future__ import annotations
