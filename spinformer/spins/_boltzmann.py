@@ -42,6 +42,13 @@ __all__ = ["boltzmann_marginals"]
 _MAX_T = 24
 _CHUNK_BITS = 12
 _MASKED = -1e30
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _mm(a, b):
+    """Matmul in full float32 precision (GPUs would otherwise round to TF32/bf16 passes and
+    the fields to ~3 digits: the marginals are meant to be exact)."""
+    return jnp.matmul(a, b, precision=_HI)
 
 
 def _bits(n: int) -> np.ndarray:
@@ -101,11 +108,11 @@ def _corrections(h, J, K_sym, n_vis):
     v = (np.arange(T)[None, :] < n_vis[:, None]).astype(np.float32)  # (Q, T)
     u = 1.0 - v
     vj, uj = jnp.asarray(v, h.dtype), jnp.asarray(u, h.dtype)
-    h_eff = vj * (h - uj @ J)  # J symmetric
+    h_eff = vj * (h - _mm(uj, J))  # J symmetric
     M = None
     if K_sym is not None:
-        Ku = jnp.einsum("jkl,ql->qjk", K_sym, uj)  # (Q, T, T)
-        h_eff = h_eff - 0.5 * vj * jnp.einsum("qjk,qk->qj", Ku, uj)
+        Ku = jnp.einsum("jkl,ql->qjk", K_sym, uj, precision=_HI)  # (Q, T, T)
+        h_eff = h_eff - 0.5 * vj * jnp.einsum("qjk,qk->qj", Ku, uj, precision=_HI)
         M = -0.5 * (vj[:, :, None] * vj[:, None, :] * Ku).reshape(Q, T * T)
     return h_eff, M, vj
 
@@ -165,7 +172,7 @@ def boltzmann_marginals(
     hi = T - lo
     S_lo = jnp.asarray(_bits(lo), dt)  # (C, lo)
     J_ll, J_lh, J_hh = J[:lo, :lo], J[:lo, lo:], J[lo:, lo:]
-    base = 0.5 * jnp.sum((S_lo @ J_ll) * S_lo, axis=1)  # shared coupling energy, low block
+    base = 0.5 * jnp.sum(_mm(S_lo, J_ll) * S_lo, axis=1)  # shared coupling energy, low block
     shifts = jnp.arange(hi, dtype=jnp.int32)
     if K is not None:
         K_pairs_l = K_upper.reshape(T * T, T).T  # (l, (j, k))
@@ -176,14 +183,14 @@ def boltzmann_marginals(
 
         def chunk(c):
             s_hi = (1 - 2 * ((c >> shifts) & 1)).astype(dt)  # (hi,)
-            neg_e = base + S_lo @ (J_lh @ s_hi) + 0.5 * s_hi @ (J_hh @ s_hi)  # (C,)
+            neg_e = base + _mm(S_lo, _mm(J_lh, s_hi)) + 0.5 * s_hi @ _mm(J_hh, s_hi)  # (C,)
             S = jnp.concatenate([S_lo, jnp.broadcast_to(s_hi, (C, hi))], axis=1)  # (C, T)
             if K is not None:
                 pairs = (S[:, :, None] * S[:, None, :]).reshape(C, T * T)
-                neg_e = neg_e + jnp.sum(pairs * (S @ K_pairs_l), axis=1)
-            logw = h_sub @ S.T + neg_e[None, :]  # (Qs, C)
+                neg_e = neg_e + jnp.sum(pairs * _mm(S, K_pairs_l), axis=1)
+            logw = _mm(h_sub, S.T) + neg_e[None, :]  # (Qs, C)
             if M_sub is not None:
-                logw = logw + M_sub @ pairs.T
+                logw = logw + _mm(M_sub, pairs.T)
             if lim_sub is not None:
                 idx = c * C + jnp.arange(C, dtype=jnp.int32)
                 # finite, so a query with every configuration of the chunk masked gets a
@@ -191,7 +198,7 @@ def boltzmann_marginals(
                 logw = jnp.where(idx[None, :] < lim_sub[:, None], logw, _MASKED)
             lse = jax.nn.logsumexp(logw, axis=1)  # (Qs,)
             p = jnp.exp(logw - lse[:, None])
-            return lse, p @ S
+            return lse, _mm(p, S)
 
         return jax.checkpoint(chunk)
 
@@ -237,7 +244,7 @@ def boltzmann_marginals(
     mean = jnp.concatenate(means, axis=0)  # (num_chunks, Q, T)
     log_z = jax.nn.logsumexp(lse, axis=0)  # (Q,)
     w = jnp.exp(lse - log_z[None, :])
-    m = jnp.einsum("cq,cqt->qt", w, mean)
+    m = jnp.einsum("cq,cqt->qt", w, mean, precision=_HI)
     if causal:
         m = m * vis
     return m
