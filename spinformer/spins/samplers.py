@@ -70,17 +70,22 @@ def _check_int(name, what, value, minimum):
         raise ValueError(f"{name}: {what} must be a Python int >= {minimum}, got {value!r}.")
 
 
+_HI = jax.lax.Precision.HIGHEST  # full float32 matmuls on GPUs as well (no TF32 rounding)
+
+
 def _energy(s, h, J, K_sym):
-    e = -(s @ h + 0.5 * s @ (J @ s))
+    e = -(jnp.dot(s, h, precision=_HI) + 0.5 * jnp.dot(s, jnp.dot(J, s, precision=_HI),
+                                                         precision=_HI))
     if K_sym is not None:
-        e = e - jnp.einsum("jkl,j,k,l->", K_sym, s, s, s) / 6.0
+        e = e - jnp.einsum("jkl,j,k,l->", K_sym, s, s, s, precision=_HI) / 6.0
     return e
 
 
 def _local_field(j, s, h, J, K_sym):
-    f = h[j] + J[j] @ s
+    f = h[j] + jnp.dot(J[j], s, precision=_HI)
     if K_sym is not None:
-        f = f + 0.5 * s @ (K_sym[j] @ s)  # K_sym[j, j, :] = 0, so s_j drops out
+        # K_sym[j, j, :] = 0, so s_j drops out
+        f = f + 0.5 * jnp.dot(s, jnp.dot(K_sym[j], s, precision=_HI), precision=_HI)
     return f
 
 
