@@ -8,8 +8,8 @@
   and typed experiment configs behind the `spinformer` command.
 """
 
-from . import data, nn, solvers, spins, train
+from . import config, data, nn, solvers, spins, train
 
 __version__ = "0.1.0"
 
-__all__ = ["data", "nn", "solvers", "spins", "train", "__version__"]
+__all__ = ["config", "data", "nn", "solvers", "spins", "train", "__version__"]
