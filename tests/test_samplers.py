@@ -68,7 +68,8 @@ def test_parallel_tempering_crosses_barriers(getkey):
 def test_gibbs_thinning_and_temperature(getkey):
     h, J, _ = _problem(5, False, scale=0.8)
     beta = 0.5
-    s = samplers.gibbs(h, J, key=getkey(), num_samples=2000, burn_in=10, thin=3, beta=beta)
+    s = samplers.gibbs(h, J, key=getkey(), num_samples=2000, burn_in=10, thin=3, beta=beta,
+                       init=-np.ones(N, np.float32))
     assert s.shape == (2000, N)
     mean, err = samplers.batch_means(s)
     m_exact = ising_exact(h, J, beta)[1]

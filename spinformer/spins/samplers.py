@@ -131,6 +131,7 @@ def gibbs(
     thin: int = 1,
     K: Float[ArrayLike, "n n n"] | None = None,
     beta: float | Float[ArrayLike, ""] = 1.0,
+    init: Float[ArrayLike, " n"] | None = None,
 ) -> Float[Array, "num_samples n"]:
     """Samples from exp(−βE) by systematic-scan Gibbs sampling (heat-bath updates).
 
@@ -145,13 +146,14 @@ def gibbs(
     - `num_samples`: recorded states; `burn_in`: sweeps discarded first; `thin`: sweeps
       between recorded states.
     - `beta`: inverse temperature.
+    - `init`: initial configuration `(n,)` in ±1; default random.
 
     **Returns:** samples `(num_samples, n)` in ±1 (float). Their mean estimates ⟨s⟩; the
     samples are autocorrelated, so use `batch_means` for an error bar.
 
     All random numbers are drawn up front ((1 + burn_in + num_samples·thin)·n uniforms),
     which compiles much faster on CPU than drawing them inside the loop; for very long
-    chains, call repeatedly with the last sample as a fresh start instead.
+    chains, call repeatedly with the last sample as `init` and fresh keys instead.
     """
     name = "gibbs"
     n, h, J, K_sym = _prepare(name, h, J, K)
@@ -163,7 +165,11 @@ def gibbs(
     # calls, cost seconds of compile time on CPU): (1 + burn_in + num_samples·thin)·n
     # uniforms, the first row for the random initial state.
     u = jax.random.uniform(key, (1 + burn_in + num_samples * thin, n), dtype=h.dtype)
-    s = jnp.where(u[0] < 0.5, 1.0, -1.0).astype(h.dtype)
+    if init is None:
+        s = jnp.where(u[0] < 0.5, 1.0, -1.0).astype(h.dtype)
+    else:
+        check_vector(name, init, "init", n)
+        s = jnp.asarray(init, h.dtype)
     u = u[1:]
 
     def step(s, u_sweep):
