@@ -145,3 +145,15 @@ def test_input_validation(getkey):
         samplers.dqa_state(h, J, K=K[:2], steps=2, total_time=1.0)
     with pytest.raises(ValueError, match="same shape"):
         samplers.straight_through(jnp.ones(2), jnp.ones(3))
+
+
+def test_vmap_over_queries(getkey):
+    """One system per call; the caller vmaps over queries (fields) with one key each."""
+    h = np.stack([_H4, -_H4, 0 * _H4])
+    keys = jax.random.split(getkey(), 3)
+    g = jax.jit(jax.vmap(lambda h_, k: samplers.gibbs(h_, _J4, key=k, num_samples=50,
+                                                      burn_in=5)))(h, keys)
+    d = jax.jit(jax.vmap(lambda h_, k: samplers.dqa(h_, _J4, key=k, num_samples=50, steps=5,
+                                                    total_time=1.0)))(h, keys)
+    for s in (g, d):
+        assert s.shape == (3, 50, 4) and set(np.unique(np.asarray(s))) <= {-1.0, 1.0}
