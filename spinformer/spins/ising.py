@@ -27,6 +27,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
 from ._common import as_float, check_damping, check_square, check_vector, solve
+from ._boltzmann import boltzmann_marginals as boltzmann_marginals
 
 __all__ = [
     "mean_field_update",
@@ -36,6 +37,7 @@ __all__ = [
     "exact_marginals",
     "log_partition",
     "connected_correlations",
+    "boltzmann_marginals",
 ]
 
 _MAX_ENUMERATION = 30
