@@ -26,7 +26,7 @@ def _reference_ratio(nu, x):
     n_, x_ = nu[s], x[s]
     ref[s] = x_ / (2 * (n_ + 1)) * sp.hyp0f1(n_ + 2, x_**2 / 4) / sp.hyp0f1(n_ + 1, x_**2 / 4)
     assert np.all(np.isfinite(ref))
-    return ref.reshape(np.shape(ref)) if ref.size > 1 else ref[0]
+    return ref if ref.size > 1 else ref[0]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,23 @@ def test_variance_and_inverse(x64):
     m = vector.magnetization(theta, beta=beta, R=R)
     np.testing.assert_allclose(vector.inverse_magnetization(m, beta=beta, R=R), theta,
                                rtol=1e-12)
+    # exact-D inverse: round trips over many decades of field strength, and its Jacobian is
+    # the inverse of the magnetization's
+    for Dk in (1, 2, 3, 64):
+        Rk = np.sqrt(max(Dk / 2 - 1, 0.5))
+        u = jnp.asarray(rng.normal(size=Dk))
+        u = u / jnp.linalg.norm(u)
+        strengths = np.array([0.0, 1e-3, 0.1, 1.0, 5.0] + ([] if Dk == 1 else [1e2, 3e3]))
+        th = jnp.asarray(strengths)[:, None] * u / (beta * Rk)
+        mk = vector.magnetization(th, beta=beta, R=Rk, large_d=False)
+        back = vector.inverse_magnetization(mk, beta=beta, R=Rk, large_d=False)
+        np.testing.assert_allclose(back, th, rtol=1e-9, atol=1e-300)
+    m_exact = vector.magnetization(theta, beta=beta, R=R, large_d=False)
+    inv_jac = jax.jacobian(lambda m_: vector.inverse_magnetization(m_, beta=beta, R=R,
+                                                                   large_d=False))(m_exact)
+    np.testing.assert_allclose(inv_jac @ (beta * vector.variance(theta, beta=beta, R=R,
+                                                                 large_d=False)),
+                               np.eye(D), atol=1e-10)
     np.testing.assert_allclose(vector.variance(jnp.zeros(D), beta=beta, R=R, large_d=False),
                                R**2 / D * np.eye(D), atol=1e-12)
 

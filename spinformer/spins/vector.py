@@ -50,24 +50,43 @@ _DEPTH = 320
 
 
 def _ratio_loop(nu, x):
-    """Returns (r, q) with r = I_{ν+1}(x)/I_ν(x) and q = r/x, for ν > −1, x ≥ 0."""
+    """Returns (r, q, s): r = I_{ν+1}(x)/I_ν(x), q = r/x and s = 1 − r, for ν > −1, x ≥ 0.
+
+    r and s are carried through the recurrence separately, so r is accurate where it is small
+    (x ≪ ν) and s where r is close to one (x ≫ ν)."""
     mu = nu + _DEPTH
     # Amos-type estimate of r_μ, between the bounds x/(μ+½+√((μ+3/2)²+x²)) and
     # x/(μ+½+√((μ+½)²+x²)), exact to first order in 1/x.
-    r = x / (mu + 0.5 + jnp.sqrt((mu + 1.0) ** 2 + x * x))
+    root = jnp.sqrt((mu + 1.0) ** 2 + x * x)
+    den = mu + 0.5 + root
+    r = x / den
+    s = (mu + 0.5 + (mu + 1.0) ** 2 / (root + x)) / den  # 1 − r without cancellation
 
-    def body(k, r):
-        order = mu - 1.0 - k.astype(x.dtype)  # μ−1, μ−2, …, ν+1
-        return x / (2.0 * (order + 1.0) + x * r)
+    def body(k, carry):
+        r, s = carry
+        two_order = 2.0 * (mu - k.astype(x.dtype))  # 2(order + 1) for order μ−1, …, ν+1
+        inv = 1.0 / (two_order + x * r)
+        return x * inv, (two_order - x * s) * inv
 
-    r = jax.lax.fori_loop(0, _DEPTH - 1, body, r)  # now r = r_{ν+1}
+    r, s = jax.lax.fori_loop(0, _DEPTH - 1, body, (r, s))  # now r_{ν+1}, s_{ν+1}
     q = 1.0 / (2.0 * (nu + 1.0) + x * r)
-    return x * q, q
+    return x * q, q, (2.0 * (nu + 1.0) - x * s) * q
 
 
 @jax.custom_jvp
 def _ratio(nu, x):
     return _ratio_loop(nu, x)
+
+
+def _ratio_derivatives(nu, x, r, q, s):
+    """(r', q') for r = r_ν(x), using r' = 1 − r² − (2ν+1) r/x in cancellation-free forms:
+    r' = s(1 + r) − (2ν+1) q where x > 2(ν+1), and r' = q² (2(ν+1) − x² r'_{ν+1}) below."""
+    r1, q1, s1 = _ratio(nu + 1.0, x)
+    dr1 = jnp.where(x > 2.0 * (nu + 2.0), s1 * (1.0 + r1), 1.0 - r1 * r1) - (2.0 * nu + 3.0) * q1
+    dq = -(q * q) * (r1 + x * dr1)
+    dr = jnp.where(x > 2.0 * (nu + 1.0), s * (1.0 + r) - (2.0 * nu + 1.0) * q,
+                   q * q * (2.0 * (nu + 1.0) - x * x * dr1))
+    return dr, dq
 
 
 def _ratio_jvp(primals, tangents):
@@ -78,16 +97,12 @@ def _ratio_jvp(primals, tangents):
             "bessel_ratio is differentiable with respect to x only; the order nu must not "
             "carry a gradient. Wrap it in jax.lax.stop_gradient if it is traced."
         )
-    r, q = _ratio(nu, x)
-    r1, q1 = _ratio(nu + 1.0, x)
-    # r_{ν+1}' = 1 − r_{ν+1}² − (2ν+3) q_{ν+1};  q_ν = 1/(2(ν+1) + x r_{ν+1})
-    dr1 = 1.0 - r1 * r1 - (2.0 * nu + 3.0) * q1
-    dq = -(q * q) * (r1 + x * dr1)
-    dr = q + x * dq
+    r, q, s = _ratio(nu, x)
     if isinstance(dx, SymbolicZero):
         z = jnp.zeros_like(r)
-        return (r, q), (z, z)
-    return (r, q), (dr * dx, dq * dx)
+        return (r, q, s), (z, z, z)
+    dr, dq = _ratio_derivatives(nu, x, r, q, s)
+    return (r, q, s), (dr * dx, dq * dx, -dr * dx)
 
 
 _ratio.defjvp(_ratio_jvp, symbolic_zeros=True)
@@ -95,7 +110,7 @@ _ratio.defjvp(_ratio_jvp, symbolic_zeros=True)
 
 def _ratio_and_over_x(nu, x):
     nu, x = jnp.broadcast_arrays(*as_float(nu, x))
-    return _ratio(nu, x)
+    return _ratio(nu, x)[:2]
 
 
 def bessel_ratio(nu: Float[ArrayLike, "..."], x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
@@ -176,24 +191,87 @@ def magnetization(
     return beta * R * R * q * theta  # R r(x) θ/‖θ‖ with r(x)/‖θ‖ = βR q(x)
 
 
+def _inverse_ratio(nu, t):
+    """x ≥ 0 with r_ν(x) = t, for 0 ≤ t < 1 and ν ≥ 0.
+
+    Newton's method in u = log x on F(u) = −log(1 − r_ν(eᵘ)) + log(1 − t), which is increasing
+    and convex in u (≈ eᵘ/(2ν+2) for small x, ≈ log x for large x, ≈ 2x when ν = −½), so the
+    iteration converges monotonically after its first step. It starts from the inverse of the
+    Amos-type estimate r ≈ x / (ν + ½ + √((ν+1)² + x²))."""
+    tiny = jnp.finfo(t.dtype).tiny
+    positive = t > 0
+    # ‖m‖/R can round to ≥ 1 when the spin is saturated: keep the root finite
+    t = jnp.clip(jnp.where(positive, t, 0.5), 0.0, 1.0 - jnp.finfo(t.dtype).eps)
+    # (1−t²)x² − 2t(ν+½)x + t²((ν+½)² − (ν+1)²) = 0
+    a = 1.0 - t * t
+    b = t * (nu + 0.5)
+    c = t * t * ((nu + 0.5) ** 2 - (nu + 1.0) ** 2)
+    x0 = (b + jnp.sqrt(b * b - a * c)) / a
+
+    top = 1.0 - jnp.finfo(t.dtype).eps
+
+    def newton(u, t):
+        x = jnp.exp(u)
+        r, q, s = _ratio(nu, x)
+        dr, _ = _ratio_derivatives(nu, x, r, q, s)
+        s = jnp.maximum(s, tiny)
+        F = jnp.log1p(-t) - jnp.log(s)
+        dF = x * dr / s
+        # The same slope for the Amos-type estimate r_A = x/den, den = ν+½+√((ν+1)²+x²):
+        # within a factor 2 of the true one everywhere, and free of the cancellation
+        # that limits r' in float32 when x ≫ ν. Used where the computed slope is off.
+        root = jnp.sqrt((nu + 1.0) ** 2 + x * x)
+        den = nu + 0.5 + root
+        s_a = (nu + 0.5 + (nu + 1.0) ** 2 / (root + x)) / den
+        dF_a = x * (nu + 0.5 + (nu + 1.0) ** 2 / root) / (den * den * s_a)
+        ok = jnp.isfinite(dF) & (dF > 0.25 * dF_a) & (dF < 4.0 * dF_a)
+        dF = jnp.maximum(jnp.where(ok, dF, dF_a), tiny)
+        return u - jnp.clip(F / dF, -4.0, 4.0)  # at most a factor e⁴ in x per step
+
+    # converge without tracing gradients, then one live step: its derivative with respect
+    # to t is the implicit-function derivative of the converged root
+    t_stop = jax.lax.stop_gradient(t)
+    u = jnp.log(jnp.maximum(jax.lax.stop_gradient(x0), tiny))
+    for _ in range(12):
+        u = newton(u, t_stop)
+    x = jnp.exp(newton(jax.lax.stop_gradient(u), t))
+    return jnp.where(positive, x, 0.0)
+
+
 def inverse_magnetization(
     m: Float[ArrayLike, "... D"],
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
     R: float | Float[ArrayLike, ""] = 1.0,
+    large_d: bool = True,
 ) -> Float[Array, "... D"]:
-    """The field θ whose large-D magnetization is m: θ = 2R² m / (β(R² − ‖m‖²)) (seed blog/1).
+    """The field θ whose magnetization is m, the inverse of `magnetization`.
+
+    - `large_d=True`: θ = 2R² m / (β(R² − ‖m‖²)) (seed blog/1).
+    - `large_d=False`: exact for D = m.shape[-1]: θ = x/(βR) · m/‖m‖ with x solving
+      R · I_{D/2}(x)/I_{D/2−1}(x) = ‖m‖ by Newton's method in log x (from an Amos-type
+      starting point; differentiable, with the implicit-function derivative).
 
     **Arguments:**
 
     - `m`: magnetizations `(..., D)` with ‖m‖ < R.
-    - `beta`, `R`: as `magnetization`.
+    - `beta`, `R`: as `magnetization`; `large_d`: which of the two forms.
 
     **Returns:** fields with the shape of `m` (infinite as ‖m‖ → R).
     """
     _check_dim("inverse_magnetization", m, "m")
     m, beta, R = as_float(m, beta, R)
-    return 2.0 * R**2 * m / (beta * (R**2 - _sq_norm(m)))
+    if large_d:
+        return 2.0 * R**2 * m / (beta * (R**2 - _sq_norm(m)))
+    D = m.shape[-1]
+    norm = _safe_norm(m)
+    t = norm / R
+    if D == 1:  # r_{−1/2} = tanh
+        t = jnp.clip(t, 0.0, 1.0 - jnp.finfo(t.dtype).eps)
+        x = jnp.arctanh(t)
+    else:
+        x = _inverse_ratio(jnp.asarray(D / 2.0 - 1.0, m.dtype), t)
+    return x / (beta * R) * m / jnp.where(norm > 0, norm, 1.0)
 
 
 def variance(
@@ -226,9 +304,9 @@ def variance(
     nu = D / 2.0 - 1.0
     norm = _safe_norm(theta)[0]
     x = beta * R * norm
-    r, q = _ratio_and_over_x(nu, x)
-    r1, q1 = _ratio_and_over_x(nu + 1.0, x)
-    dr = q - x * q * q * (r1 + x * (1.0 - r1 * r1 - (2.0 * nu + 3.0) * q1))
+    nu_, x = jnp.broadcast_arrays(*as_float(nu, x))
+    r, q, s = _ratio(nu_, x)
+    dr, _ = _ratio_derivatives(nu_, x, r, q, s)
     u = theta / jnp.where(norm > 0, norm, 1.0)
     uu = jnp.outer(u, u)
     return R**2 * (dr * uu + q * (eye - uu))
