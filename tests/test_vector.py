@@ -136,7 +136,7 @@ def test_variance_and_inverse(x64):
                                rtol=1e-12)
     # exact-D inverse: round trips over many decades of field strength, and its Jacobian is
     # the inverse of the magnetization's
-    for Dk in (1, 2, 3, 64):
+    for Dk in (1, 3, 64):
         Rk = np.sqrt(max(Dk / 2 - 1, 0.5))
         u = jnp.asarray(rng.normal(size=Dk))
         u = u / jnp.linalg.norm(u)
