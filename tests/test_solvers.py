@@ -129,8 +129,8 @@ def test_root_find_newton_and_broyden(x64):
         sol = S.root_find(F, jnp.zeros(3), theta, solver=solver, tol=1e-12)
         np.testing.assert_allclose(sol.value, ref, atol=1e-10)
         # d x / d t = 1 / (3 x^2 + 1)
-        g = jax.grad(lambda t: S.root_find(F, jnp.zeros(3), t, solver=solver,
-                                           tol=1e-12).value.sum())(theta)
+        g = jax.grad(lambda t: S.root_find(F, jnp.zeros(3), t, solver=solver, tol=1e-12,
+                                           adjoint=S.Implicit(tol=1e-11)).value.sum())(theta)
         np.testing.assert_allclose(g, 1 / (3 * ref**2 + 1), rtol=1e-7)
 
 
@@ -400,8 +400,8 @@ def test_parity_with_jaxopt_anderson(x64):
     assert int(wrapped.num_steps) == int(ref.state.iter_num)
 
     def loss_ours(h):
-        return jnp.sum(jnp.cos(S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
-                                             tol=1e-12, max_steps=500).value))
+        return jnp.sum(jnp.cos(S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9), tol=1e-12,
+                                             max_steps=500, adjoint=S.Implicit(tol=1e-11)).value))
 
     def loss_jaxopt(h):
         solver = jaxopt.AndersonAcceleration(tap_map, history_size=5, tol=1e-12, maxiter=500)

@@ -55,10 +55,11 @@ class Implicit(AbstractAdjoint):
 
     **Arguments:**
 
-    - `linear_solver`: `"gmres"` (default, robust), `"bicgstab"`, `"anderson"` (Anderson
-      acceleration of the Richardson iteration with `restart` history entries; few
-      overheads, often the fastest for DEQ-sized problems), or `"picard"` (the plain Neumann
-      iteration w ← ḡ + (∂g/∂x)ᵀ w, which needs a contractive map).
+    - `linear_solver`: `"anderson"` (default: Anderson acceleration of the Richardson
+      iteration with `restart` history entries, a Krylov-like method with little overhead),
+      `"gmres"` (JAX's batched GMRES, which always runs whole cycles of `restart` products),
+      `"bicgstab"`, or `"picard"` (the plain Neumann iteration w ← ḡ + (∂g/∂x)ᵀ w, which
+      needs a contractive map).
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
     - `restart`: Krylov subspace size for GMRES; history size for `"anderson"`.
@@ -68,10 +69,10 @@ class Implicit(AbstractAdjoint):
     NaN. It never returns silent zeros.
     """
 
-    linear_solver: str = "gmres"
+    linear_solver: str = "anderson"
     tol: float = 1e-5
     max_steps: int = 200
-    restart: int = 20
+    restart: int = 5
 
     def __check_init__(self):
         if self.linear_solver not in ("gmres", "bicgstab", "picard", "anderson"):
