@@ -62,3 +62,15 @@ def check_damping(name: str, damping) -> None:
             f"{name}: damping={damping} must be in [0, 1): the map is replaced by "
             "m -> damping * m + (1 - damping) * update(m), which keeps the same fixed points."
         )
+
+
+def check_hJK(name, h, J, K=None):
+    """Fields `(n,)`, couplings `(n, n)` and optional three-body `K (n, n, n)`; returns n."""
+    n = check_vector(name, h, "h")
+    check_square(name, J, n)
+    if K is not None and jnp.shape(K) != (n, n, n):
+        raise ValueError(
+            f"{name}: K must have shape (n, n, n) = ({n}, {n}, {n}), got {jnp.shape(K)}. "
+            "Only the entries K[j, k, l] with j < k < l are used."
+        )
+    return n

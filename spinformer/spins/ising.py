@@ -26,7 +26,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
-from ._common import as_float, check_damping, check_square, check_vector, solve
+from ._common import as_float, check_damping, check_hJK as _check_hJ, check_square, check_vector, solve
 from ._boltzmann import boltzmann_marginals as boltzmann_marginals
 
 __all__ = [
@@ -42,16 +42,6 @@ __all__ = [
 
 _MAX_ENUMERATION = 30
 
-
-def _check_hJ(name, h, J, K=None):
-    n = check_vector(name, h, "h")
-    check_square(name, J, n)
-    if K is not None and jnp.shape(K) != (n, n, n):
-        raise ValueError(
-            f"{name}: K must have shape (n, n, n) = ({n}, {n}, {n}), got {jnp.shape(K)}. "
-            "Only the entries K[j, k, l] with j < k < l are used."
-        )
-    return n
 
 
 # ----------------------------------------------------------------------------- mean field

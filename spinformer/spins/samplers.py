@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Complex, Float, PRNGKeyArray
 
-from ._common import as_float, check_square, check_vector
+from ._common import as_float, check_hJK, check_square, check_vector
 
 __all__ = [
     "gibbs",
@@ -47,13 +47,7 @@ _MAX_DQA = 12
 
 
 def _prepare(name, h, J, K):
-    n = check_vector(name, h, "h")
-    check_square(name, J, n)
-    if K is not None and jnp.shape(K) != (n, n, n):
-        raise ValueError(
-            f"{name}: K must have shape (n, n, n) = ({n}, {n}, {n}), got {jnp.shape(K)}. "
-            "Only the entries K[j, k, l] with j < k < l are used."
-        )
+    n = check_hJK(name, h, J, K)
     h, J, K = as_float(h, J, K)
     J = 0.5 * (J + J.T) * (1.0 - jnp.eye(n, dtype=J.dtype))
     K_sym = None
