@@ -135,7 +135,7 @@ def mean_field(
     - `damping`: in [0, 1); iterates m ↦ damping·m + (1 − damping)·update(m) (same fixed
       points, more stable at strong coupling).
     - `solver`: a `spinformer.solvers` solver; `None` means `Anderson()`.
-    - `adjoint`: how gradients flow; `None` means `Implicit(restart=5)`.
+    - `adjoint`: how gradients flow; `None` means `Implicit("gmres", restart=5)`.
     - `m0`: initial guess, default tanh(βh) (the J = 0 solution).
     - `tol`, `max_steps`, `throw`: passed to `solvers.fixed_point`.
     - `return_solution`: return the whole `solvers.Solution` instead of its value.

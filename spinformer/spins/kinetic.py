@@ -83,7 +83,7 @@ def tap_step(
     one-dimensional and has a unique solution (its right-hand side decreases in m_i).
 
     **Arguments:** as `naive_step`, plus `solver` (`None` means `solvers.Anderson()`),
-    `adjoint` (`None` means `solvers.Implicit(restart=5)`), `tol`, `max_steps`, `throw` passed to
+    `adjoint` (`None` means `solvers.Implicit("gmres", restart=5)`), `tol`, `max_steps`, `throw` passed to
     `solvers.fixed_point`, and `return_solution` to get the whole `Solution`.
 
     **Returns:** magnetizations at t, shape `(n,)` (or a `Solution`).

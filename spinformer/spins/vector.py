@@ -425,7 +425,7 @@ def tap_step(
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
     R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`), `adjoint` (`None` means
-    `solvers.Implicit(restart=5)`), `tol`, `max_steps`, `throw`, `return_solution` as
+    `solvers.Implicit("gmres", restart=5)`), `tol`, `max_steps`, `throw`, `return_solution` as
     `solvers.fixed_point`.
 
     **Returns:** magnetizations at t, `(n, D)` (or a `Solution`).
@@ -462,7 +462,7 @@ def tap_ness(
     **Arguments:**
 
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
-    - `solver`: `None` means `solvers.Anderson()`; `adjoint`: `None` means `Implicit(restart=5)`.
+    - `solver`: `None` means `solvers.Anderson()`; `adjoint`: `None` means `Implicit("gmres", restart=5)`.
     - `tol`: residual tolerance (∞-norm) of the steady state; `max_steps`, `throw` as
       `solvers.fixed_point`.
     - `m0`: initial guess, default the naive response φ(x).
