@@ -26,6 +26,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "BoltzmannConfig",
     "ModelConfig",
     "SpinConfig",
     "TrainConfig",
@@ -96,17 +97,45 @@ class SpinConfig:
 
 
 @dataclass(frozen=True)
+class BoltzmannConfig:
+    mode: str = _f("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: sigmoid "
+                   "attention), J (h=0), softmax (plain softmax, for ablations), or the "
+                   "three-body variants hK, hJK, JK, K",
+                   ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"))
+    inference: str = _f("exact", "how magnetizations are computed: exact (enumeration, T<=24), "
+                        "mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
+                        ("exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa"))
+    init_scale: float = _f(0.0, "standard deviation of the initial couplings J (and K); "
+                           "0 starts at sigmoid attention")
+    num_samples: int = _f(256, "samplers: samples per query and head")
+    burn_in: int = _f(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
+    dqa_steps: int = _f(200, "dqa: Trotter steps of the simulated anneal")
+    dqa_time: float = _f(5.0, "dqa: total anneal time")
+    tol: float = _f(1e-4, "mean_field/tap: fixed-point tolerance")
+    max_steps: int = _f(100, "mean_field/tap: most solver iterations")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    attention: str = _f("spin", "attention mechanism: softmax or spin", ("softmax", "spin"))
+    attention: str = _f("spin", "attention mechanism: softmax, spin (vector-spin mean field) or "
+                        "boltzmann (Ising model over key positions)",
+                        ("softmax", "spin", "boltzmann"))
     dim: int = _f(32, "model width D")
     depth: int = _f(1, "number of blocks")
     num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
     ffn_hidden: int = _f(64, "hidden width of each block's feed-forward network (0: none)")
     dropout: float = _f(0.0, "dropout rate on the residual branches")
-    spin: SpinConfig = _f(SpinConfig, "options of spin attention (ignored for softmax)")
+    spin: SpinConfig = _f(SpinConfig, "options of spin attention (used only by attention=spin)")
+    boltzmann: BoltzmannConfig = _f(BoltzmannConfig, "options of Boltzmann attention (used "
+                                    "only by attention=boltzmann)")
 
     def attention_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the attention constructor."""
+        if self.attention == "boltzmann":
+            b = self.boltzmann
+            return dict(mode=b.mode, inference=b.inference, init_scale=b.init_scale,
+                        num_samples=b.num_samples, burn_in=b.burn_in, dqa_steps=b.dqa_steps,
+                        dqa_time=b.dqa_time, tol=b.tol, max_steps=b.max_steps)
         if self.attention != "spin":
             return {}
         from . import solvers
@@ -138,8 +167,11 @@ class TrainConfig:
     steps: int = _f(1000, "number of optimizer steps")
     lr: float = _f(1e-3, "peak learning rate (AdamW, linear warmup then cosine decay)")
     coupling_lr: Optional[float] = _f(None, "peak learning rate of the coupling parameters "
-                                      "(query/key maps); null: same as lr")
+                                      "(query/key maps of softmax/spin attention, the Ising "
+                                      "couplings J, K of boltzmann attention); null: same as lr")
     weight_decay: float = _f(0.01, "AdamW decoupled weight decay")
+    coupling_weight_decay: Optional[float] = _f(None, "weight decay of the coupling parameters; "
+                                                "null: same as weight_decay")
     warmup_steps: int = _f(100, "linear warmup steps")
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of the peak")
     grad_clip: float = _f(1.0, "clip gradients to this global norm (0: no clipping)")
@@ -277,6 +309,10 @@ def _validate(cfg, prefix: str):
                  f"spin attention needs a head width dim/num_heads > 2 (the spin radius is "
                  f"sqrt(D_h/2 - 1)); got {cfg.dim // cfg.num_heads}.")
         need(0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout} must be in [0, 1).")
+    elif isinstance(cfg, BoltzmannConfig):
+        need(cfg.num_samples >= 1 and cfg.dqa_steps >= 1 and cfg.max_steps >= 1,
+             "num_samples, dqa_steps and max_steps must be >= 1.")
+        need(cfg.burn_in >= 0 and cfg.init_scale >= 0, "burn_in and init_scale must be >= 0.")
     elif isinstance(cfg, TrainConfig):
         need(cfg.steps >= 1, f"steps={cfg.steps} must be >= 1.")
         need(cfg.lr > 0, f"lr={cfg.lr} must be > 0.")

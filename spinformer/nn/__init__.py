@@ -13,6 +13,7 @@ logits = jax.vmap(model)(tokens)            # (B, n, 12)
 """
 
 from ._block import Block as Block
+from ._boltzmann import BoltzmannAttention as BoltzmannAttention
 from ._block import FeedForward as FeedForward
 from ._groups import param_labels as param_labels
 from ._masks import causal_mask as causal_mask
@@ -27,6 +28,7 @@ from ._transformer import Transformer as Transformer
 __all__ = [
     "ATTENTIONS",
     "Block",
+    "BoltzmannAttention",
     "CausalLM",
     "Classifier",
     "FeedForward",

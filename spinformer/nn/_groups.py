@@ -5,21 +5,42 @@ from __future__ import annotations
 import jax
 from jaxtyping import PyTree
 
-# Field names under which attention modules keep the maps that build their couplings
-# (the class attribute `coupling_fields` of each attention module lists its own).
+# Fallback for attention modules that do not declare `coupling_fields`: the maps that build
+# their couplings.
 COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
 
 
+def _child(obj, key):
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return getattr(obj, key.name, None)
+    if isinstance(key, (jax.tree_util.SequenceKey,)):
+        return obj[key.idx]
+    if isinstance(key, jax.tree_util.DictKey):
+        return obj[key.key]
+    return None
+
+
 def param_labels(params: PyTree) -> PyTree:
-    """Label each array leaf `"couplings"` (query/key maps inside an `attention` module) or
-    `"default"`; use with `optax.multi_transform`."""
+    """Label each array leaf `"couplings"` or `"default"`; use with `optax.multi_transform`.
+
+    A leaf is a coupling if it sits under a field named `attention` and, inside that module,
+    under one of the field names the module's class lists in `coupling_fields` (softmax and
+    spin attention: the query/key maps `to_q`, `to_k`; Boltzmann attention: the Ising
+    couplings `J`, `K`, as in the seed's separate LR_J).
+    """
 
     def label(path, leaf):
-        names = [getattr(p, "name", None) for p in path]
-        if "attention" in names:
-            after = names[names.index("attention") + 1:]
-            if any(n in COUPLING_FIELDS for n in after):
-                return "couplings"
+        obj = params
+        for i, key in enumerate(path):
+            if getattr(key, "name", None) == "attention" and i + 1 < len(path):
+                module = _child(obj, key)
+                fields = getattr(type(module), "coupling_fields", COUPLING_FIELDS)
+                if getattr(path[i + 1], "name", None) in fields:
+                    return "couplings"
+                return "default"
+            obj = _child(obj, key)
+            if obj is None:
+                break
         return "default"
 
     return jax.tree_util.tree_map_with_path(label, params)

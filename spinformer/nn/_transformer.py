@@ -15,16 +15,18 @@ from ._softmax import SoftmaxAttention
 
 
 def _attention_registry() -> dict[str, Callable[..., eqx.Module]]:
+    from ._boltzmann import BoltzmannAttention
     from ._spin import SpinAttention
 
-    return {"softmax": SoftmaxAttention, "spin": SpinAttention}
+    return {"softmax": SoftmaxAttention, "spin": SpinAttention, "boltzmann": BoltzmannAttention}
 
 
-ATTENTIONS = ("softmax", "spin")
+ATTENTIONS = ("softmax", "spin", "boltzmann")
 
 
 def resolve_attention(attention: Union[str, Callable[..., eqx.Module]]):
-    """Map an attention name (`"softmax"`, `"spin"`) to its class; callables pass through."""
+    """Map an attention name (`"softmax"`, `"spin"`, `"boltzmann"`) to its class; callables
+    pass through."""
     if callable(attention):
         return attention
     reg = _attention_registry()
@@ -46,8 +48,9 @@ class Transformer(eqx.Module):
     - `depth`: number of blocks.
     - `num_heads`: attention heads per block.
     - `max_len`: longest sequence (size of the positional embedding).
-    - `attention`: `"softmax"`, `"spin"`, or a callable
-      `attention(dim=, num_heads=, causal=, key=, **attention_kwargs) -> module`.
+    - `attention`: `"softmax"`, `"spin"`, `"boltzmann"`, or a callable
+      `attention(dim=, num_heads=, causal=, key=, **attention_kwargs) -> module` (classes
+      with a true class attribute `takes_max_len` also get `max_len=`).
     - `attention_kwargs`: extra keyword arguments for the attention constructor
       (e.g. `{"beta": 1.0, "update": "tap"}` for `SpinAttention`).
     - `causal`: causal self-attention (token i sees j ≤ i) in every block.
@@ -82,6 +85,8 @@ class Transformer(eqx.Module):
             raise ValueError(f"Transformer: depth={depth} must be >= 1.")
         cls = resolve_attention(attention)
         kwargs = dict(attention_kwargs or {})
+        if getattr(cls, "takes_max_len", False):
+            kwargs.setdefault("max_len", max_len)
         ke, kp, kb = jax.random.split(key, 3)
 
         def make_block(k):

@@ -51,6 +51,7 @@ def build_optimizer(cfg: "_config.Config"):
     t = cfg.train
     return make_optimizer(
         steps=t.steps, lr=t.lr, coupling_lr=t.coupling_lr, weight_decay=t.weight_decay,
+        coupling_weight_decay=t.coupling_weight_decay,
         warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, grad_clip=t.grad_clip,
     )
 

@@ -131,12 +131,15 @@ def make_optimizer(
     lr: float,
     coupling_lr: Optional[float] = None,
     weight_decay: float = 0.0,
+    coupling_weight_decay: Optional[float] = None,
     warmup_steps: int = 0,
     min_lr_ratio: float = 0.1,
     grad_clip: float = 0.0,
 ) -> optax.GradientTransformation:
     """AdamW with warmup + cosine schedule, optional global-norm clipping, and a separate
-    learning rate for the coupling parameters (labelled by `spinformer.nn.param_labels`).
+    learning rate and weight decay for the coupling parameters (labelled by
+    `spinformer.nn.param_labels`: e.g. the Ising couplings J of Boltzmann attention, seed
+    §4.1's LR_J). `None` for `coupling_lr` / `coupling_weight_decay` means the defaults'.
 
     Cached: equal arguments give the same optimizer object, so `make_step` (which takes it as
     a static argument) is not recompiled for every run in a process."""
@@ -146,7 +149,7 @@ def make_optimizer(
         "couplings": optax.adamw(
             make_schedule(lr if coupling_lr is None else coupling_lr, steps, warmup_steps,
                           min_lr_ratio),
-            weight_decay=weight_decay,
+            weight_decay=weight_decay if coupling_weight_decay is None else coupling_weight_decay,
         ),
     }
     tx = optax.multi_transform(groups, param_labels)

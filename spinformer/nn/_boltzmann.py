@@ -1,0 +1,425 @@
+r"""Boltzmann attention: attention weights are the magnetizations of an Ising model over key
+positions with learnable, input-independent couplings (seed boltzmann-attention.txt).
+
+For query i and head h the attention pattern s ∈ {−1, +1}^T over the visible key positions
+follows (Eq. 8, three-body term from Appendix C)
+
+    P_i(s) ∝ exp( Σ_j h_ij s_j + Σ_{j<k} J_jk s_j s_k + Σ_{j<k<l} K_jkl s_j s_k s_l ),
+
+with fields h_ij = q_i·k_j/√d_k and couplings J (K) shared by all queries and examples. The
+weights are α_ij = (⟨s_j⟩_i + 1)/2 (Eq. 9), normalised over the visible positions, and the
+output is Σ_j α̃_ij v_j as in softmax attention. With causal masking query i sees positions
+j ≤ i and the couplings act only among them.
+
+Modes (the seed's ablation): `softmax` (the baseline, no spins), `h` (J = 0: sigmoid
+attention, α = σ(2h), computed in closed form), `hJ` (the proposed model), `J` (h = 0),
+and the three-body variants `hK`, `hJK`, `JK`, `K`.
+
+Note on `J` alone: with h = 0 and no K the energy is even under s → −s, so ⟨s_j⟩ = 0 for
+every J and the attention is exactly uniform over the visible positions — J receives zero
+gradient. Only K breaks that symmetry (modes `JK`, `K`).
+
+Inference: `exact` (enumeration, `spins.ising.boltzmann_marginals`; exact gradients),
+`mean_field` / `tap` (fixed points with implicit gradients), and the samplers `gibbs`,
+`parallel_tempering`, `dqa` (simulated diabatic quantum annealing, T ≤ 12) of
+`spins.samplers`, whose sample means carry straight-through gradients (see
+`BoltzmannAttention`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from .. import solvers
+from ..spins import ising, samplers
+from ._masks import combine_masks
+from ._softmax import _check_shapes
+
+MODES = ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K")
+INFERENCES = ("exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa")
+_SAMPLERS = ("gibbs", "parallel_tempering", "dqa")
+_MAX_EXACT = 24
+_MAX_DQA = 12
+
+
+def _uses(mode: str) -> tuple[bool, bool, bool]:
+    """(fields h, pair couplings J, three-body K) used by a mode."""
+    if mode == "softmax":
+        return True, False, False
+    return "h" in mode, "J" in mode, "K" in mode
+
+
+def _sym_offdiag(J):
+    """(J + Jᵀ)/2 with the diagonal removed, for a trailing (T, T) pair of axes."""
+    T = J.shape[-1]
+    return 0.5 * (J + jnp.swapaxes(J, -1, -2)) * (1.0 - jnp.eye(T, dtype=J.dtype))
+
+
+def _sym3(K):
+    """The symmetric three-body tensor built from the entries K[j, k, l] with j < k < l
+    (zero on repeated indices), so that Σ_{j<k<l} K s s s = ⅙ Σ_{jkl} Ks s s s."""
+    T = K.shape[-1]
+    idx = jnp.arange(T)
+    up = (idx[:, None, None] < idx[None, :, None]) & (idx[None, :, None] < idx[None, None, :])
+    Ku = jnp.where(up, K, 0.0)
+    perms = [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]
+    return sum(jnp.transpose(Ku, p) for p in perms)
+
+
+class BoltzmannAttention(eqx.Module):
+    """Multi-head Boltzmann attention (one example per call).
+
+    **Arguments:**
+
+    - `dim`: model width D; `num_heads`: H (D divisible by H, d_k = D/H).
+    - `causal`: query i sees key positions j ≤ i (self-attention only).
+    - `max_len`: the longest key sequence; J is a learnable `(H, max_len, max_len)` array
+      (and K `(H, max_len, max_len, max_len)`), indexed by absolute position. Sequences
+      shorter than `max_len` use the leading block.
+    - `mode`: one of `"softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"` (which energy terms
+      are present; `"softmax"` is plain softmax attention).
+    - `inference`: how the magnetizations ⟨s_j⟩_i are computed:
+      `"exact"` — enumeration of all 2^T configurations (T ≤ 24; exact gradients);
+      `"mean_field"` — naive mean field m = tanh(h + J m [+ ½ K:mm]), solved with `solver`,
+      implicit gradients; `"tap"` — TAP (Onsager-corrected) mean field, no K;
+      `"gibbs"`, `"parallel_tempering"`, `"dqa"` — sample means from `spins.samplers`
+      (DQA: Trotterised transverse-field anneal, T ≤ 12), with straight-through gradients
+      from the surrogate m̃ = tanh(h + J m̂ [+ ½ K:m̂m̂]) evaluated at the (gradient-stopped)
+      sample mean m̂ — one mean-field step, exact when the couplings vanish.
+    - `init_scale`: standard deviation of the initial couplings (0: start at J = 0, i.e. at
+      sigmoid attention).
+    - `num_samples`, `burn_in`: sampler settings (per query and head; sweeps for Gibbs and
+      parallel tempering, measurements for DQA).
+    - `betas`: inverse temperatures of the parallel-tempering replicas (target β = 1 first).
+    - `dqa_steps`, `dqa_time`, `dqa_gamma`: Trotter steps, anneal time and transverse field
+      (seed §4.5: 200 steps, τ = 5).
+    - `solver`, `tol`, `max_steps`, `throw`, `adjoint`: for `mean_field` / `tap`.
+    - `use_bias`: biases on the q/k/v/out projections.
+    - `key`: PRNG key.
+
+    Samplers need randomness: pass `key=` when calling (training); without a key a fixed
+    key is used, so evaluation is deterministic.
+    """
+
+    to_q: eqx.nn.Linear
+    to_k: eqx.nn.Linear
+    to_v: eqx.nn.Linear
+    to_out: eqx.nn.Linear
+    J: Optional[Float[Array, "h L L"]]
+    K: Optional[Float[Array, "h L L L"]]
+    solver: solvers.AbstractSolver
+    adjoint: solvers.AbstractAdjoint
+    tol: float = eqx.field(static=True)
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
+    max_len: int = eqx.field(static=True)
+    mode: str = eqx.field(static=True)
+    inference: str = eqx.field(static=True)
+    num_samples: int = eqx.field(static=True)
+    burn_in: int = eqx.field(static=True)
+    betas: tuple[float, ...] = eqx.field(static=True)
+    dqa_steps: int = eqx.field(static=True)
+    dqa_time: float = eqx.field(static=True)
+    dqa_gamma: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+    # The trainer gives these their own learning rate and weight decay (seed §4.1: LR_J).
+    coupling_fields: ClassVar[tuple[str, ...]] = ("J", "K")
+    # `Transformer` passes its `max_len` to attention classes that set this.
+    takes_max_len: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 1,
+        causal: bool = False,
+        *,
+        max_len: int,
+        mode: str = "hJ",
+        inference: str = "exact",
+        init_scale: float = 0.0,
+        num_samples: int = 256,
+        burn_in: int = 32,
+        betas: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3),
+        dqa_steps: int = 200,
+        dqa_time: float = 5.0,
+        dqa_gamma: float = 1.0,
+        solver: solvers.AbstractSolver = solvers.Anderson(),
+        adjoint: solvers.AbstractAdjoint = solvers.Implicit(),
+        tol: float = 1e-4,
+        max_steps: int = 100,
+        throw: bool = True,
+        use_bias: bool = False,
+        key: PRNGKeyArray,
+    ):
+        name = "BoltzmannAttention"
+        if dim % num_heads:
+            raise ValueError(f"{name}: dim={dim} is not divisible by num_heads={num_heads}; "
+                             "choose num_heads dividing dim.")
+        if mode not in MODES:
+            raise ValueError(f"{name}: mode={mode!r}; choose one of {MODES}.")
+        if inference not in INFERENCES:
+            raise ValueError(f"{name}: inference={inference!r}; choose one of {INFERENCES}.")
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"{name}: max_len={max_len!r} must be a positive int (the "
+                             "longest key sequence; J has shape (H, max_len, max_len)).")
+        uses_h, uses_J, uses_K = _uses(mode)
+        if mode != "softmax":
+            if inference == "exact" and max_len > _MAX_EXACT:
+                raise ValueError(
+                    f"{name}: exact inference enumerates 2^T configurations and is limited to "
+                    f"max_len <= {_MAX_EXACT}, got {max_len}; use inference='mean_field', "
+                    "'tap', 'gibbs' or 'parallel_tempering'.")
+            if inference == "dqa" and max_len > _MAX_DQA:
+                raise ValueError(
+                    f"{name}: simulated DQA holds a 2^T state vector and is limited to "
+                    f"max_len <= {_MAX_DQA}, got {max_len}; use 'gibbs' or "
+                    "'parallel_tempering' for longer sequences.")
+            if inference == "tap" and uses_K:
+                raise ValueError(
+                    f"{name}: TAP equations are implemented for pairwise couplings only; "
+                    f"mode={mode!r} has three-body K. Use inference='mean_field', 'exact' or a "
+                    "sampler.")
+        for what, v, lo in (("num_samples", num_samples, 1), ("burn_in", burn_in, 0),
+                            ("dqa_steps", dqa_steps, 1), ("max_steps", max_steps, 1)):
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name}: {what}={v!r} must be an int >= {lo}.")
+        betas = tuple(float(b) for b in betas)
+        if inference == "parallel_tempering" and (len(betas) < 2 or betas[0] != 1.0):
+            raise ValueError(f"{name}: betas={betas} must hold >= 2 inverse temperatures "
+                             "starting with the target 1.0, e.g. (1.0, 0.7, 0.5, 0.3).")
+        if init_scale < 0:
+            raise ValueError(f"{name}: init_scale={init_scale} must be >= 0.")
+        kq, kk, kv, ko, kj, kK = jax.random.split(key, 6)
+        self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
+        self.to_k = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kk)
+        self.to_v = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kv)
+        self.to_out = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=ko)
+        L, H = max_len, num_heads
+        self.J = (_sym_offdiag(init_scale * jax.random.normal(kj, (H, L, L)))
+                  if uses_J else None)
+        self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if uses_K else None
+        self.solver, self.adjoint, self.tol = solver, adjoint, tol
+        self.dim, self.num_heads, self.causal, self.max_len = dim, num_heads, causal, max_len
+        self.mode, self.inference = mode, inference
+        self.num_samples, self.burn_in, self.betas = num_samples, burn_in, betas
+        self.dqa_steps, self.dqa_time, self.dqa_gamma = dqa_steps, float(dqa_time), float(
+            dqa_gamma)
+        self.max_steps, self.throw = max_steps, throw
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    # -- the energy -------------------------------------------------------------------------
+
+    def fields(self, x: Float[Array, "n d"], context: Optional[Float[Array, "s d"]] = None
+               ) -> Float[Array, "h n s"]:
+        """Local fields h_ij = q_i·k_j/√d_k per head, `(H, n, s)` (zero in modes without h)."""
+        ctx = x if context is None else context
+        n, s, H = x.shape[0], ctx.shape[0], self.num_heads
+        q = jax.vmap(self.to_q)(x).reshape(n, H, -1).transpose(1, 0, 2)
+        k = jax.vmap(self.to_k)(ctx).reshape(s, H, -1).transpose(1, 0, 2)
+        h = jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(self.head_dim)
+        return h if _uses(self.mode)[0] else jnp.zeros_like(h)
+
+    def couplings(self, s: int, dtype=jnp.float32):
+        """The couplings used for `s` key positions: `J (H, s, s)` (symmetric, zero diagonal)
+        and `K (H, s, s, s)` (only entries j < k < l matter), each None if the mode has none."""
+        if s > self.max_len:
+            raise ValueError(
+                f"BoltzmannAttention: {s} key positions exceed max_len={self.max_len}; build "
+                "the module with a larger max_len.")
+        J = None if self.J is None else _sym_offdiag(self.J[:, :s, :s].astype(dtype))
+        K = None if self.K is None else self.K[:, :s, :s, :s].astype(dtype)
+        return J, K
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        x: Float[Array, "n d"],
+        *,
+        context: Optional[Float[Array, "s d"]] = None,
+        mask: Optional[Bool[Array, "n s"]] = None,
+        state: None = None,
+        key: Optional[PRNGKeyArray] = None,
+        return_diagnostics: bool = False,
+    ):
+        """**Arguments:**
+
+        - `x`: tokens `(n, d)`.
+        - `context`: keys/values `(s, d)` for cross-attention (the spins sit on the context
+          positions); defaults to `x`.
+        - `mask`: boolean `(n, s)`, True where query i may attend to position j (combined
+          with `causal`); the spins of hidden positions are removed from query i's model.
+        - `state`: unused (interface compatibility).
+        - `key`: PRNG key for the samplers (a fixed key if None).
+        - `return_diagnostics`: also return `{"couplings": α̃ (H, n, s), "magnetizations":
+          ⟨s⟩ (H, n, s) (0 at hidden positions), "fields": h (H, n, s)}` plus, for
+          `mean_field`/`tap`, solver `num_steps` and `result` `(H, n)`.
+
+        **Returns:** `(n, d)`, or `((n, d), diagnostics)`.
+        """
+        del state
+        ctx = x if context is None else context
+        _check_shapes("BoltzmannAttention", x, ctx, self.dim)
+        n, s, H = x.shape[0], ctx.shape[0], self.num_heads
+        self_causal = self.causal and context is None
+        allowed = combine_masks(n, s, self_causal, mask)
+        v = jax.vmap(self.to_v)(ctx).reshape(s, H, -1).transpose(1, 0, 2)
+        h = self.fields(x, context)
+        diag = {"fields": h}
+        if self.mode == "softmax":
+            scores = h if allowed is None else jnp.where(allowed, h, jnp.finfo(h.dtype).min)
+            weights = jax.nn.softmax(scores, axis=-1)
+            m = 2.0 * weights - 1.0
+        else:
+            if mask is None:  # the structured patterns exact inference exploits
+                m, stats = self.magnetizations(h, None, causal=self_causal, key=key)
+            else:
+                m, stats = self.magnetizations(h, allowed, key=key)
+            diag.update(stats)
+            vis = 1.0 if allowed is None else allowed.astype(h.dtype)
+            alpha = 0.5 * (m + 1.0) * vis
+            weights = alpha / jnp.maximum(jnp.sum(alpha, axis=-1, keepdims=True), 1e-30)
+        out = jnp.einsum("hns,hsk->nhk", weights, v).reshape(n, self.dim)
+        out = jax.vmap(self.to_out)(out)
+        if return_diagnostics:
+            diag.update(couplings=weights, magnetizations=m)
+            return out, diag
+        return out
+
+    def magnetizations(
+        self,
+        h: Float[Array, "h n s"],
+        visible: Optional[Bool[Array, "n s"]] = None,
+        *,
+        causal: bool = False,
+        key: Optional[PRNGKeyArray] = None,
+    ) -> tuple[Float[Array, "h n s"], dict]:
+        """⟨s_j⟩_i for every head and query, by the module's `inference`.
+
+        **Arguments:**
+
+        - `h`: fields `(H, n, s)`.
+        - `visible`: optional boolean `(n, s)`, True where query i sees position j; the
+          hidden spins are removed from query i's model. None means every position is
+          visible, or with `causal=True` the causal pattern j ≤ i (n = s).
+        - `key`: PRNG key for samplers (a fixed key if None).
+
+        **Returns:** magnetizations `(H, n, s)` (0 at hidden positions) and a dict of solver
+        statistics (`num_steps`, `result` `(H, n)` for `mean_field`/`tap`, else empty).
+        """
+        H, n, s = h.shape
+        uses_h, uses_J, uses_K = _uses(self.mode)
+        if visible is None and causal:
+            if n != s:
+                raise ValueError(f"BoltzmannAttention: causal magnetizations need as many "
+                                 f"queries as positions, got fields of shape {h.shape}.")
+            visible = jnp.tril(jnp.ones((n, s), bool))
+        vis = None if visible is None else visible.astype(h.dtype)
+        J, K = self.couplings(s, h.dtype)
+        if not uses_J and not uses_K:  # sigmoid attention: independent spins
+            m = jnp.tanh(h)
+            return (m if vis is None else m * vis), self._no_stats(H, n)
+        if not uses_h and not uses_K:
+            # h = 0 and pairwise J only: E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J
+            return jnp.zeros_like(h), self._no_stats(H, n)
+        Jz = jnp.zeros((H, s, s), h.dtype) if J is None else J
+        if self.inference == "exact" and (visible is None or causal):
+            # shared enumeration over all queries (prefix blocks when causal)
+            def one_head(hh, jj, kk):
+                return ising.boltzmann_marginals(hh, jj, causal=causal, K=kk)
+
+            if K is None:
+                m = jax.vmap(lambda hh, jj: one_head(hh, jj, None))(h, Jz)
+            else:
+                m = jax.vmap(one_head)(h, Jz, K)
+            return m, self._no_stats(H, n)
+        if vis is None:
+            vis = jnp.ones((n, s), h.dtype)
+        per_query = self._per_query(self.inference)
+        # per-query systems: hidden positions get no field and no couplings (free spins
+        # with magnetization 0 that do not affect the visible ones)
+        hv = h * vis
+        Jq = Jz[:, None] * (vis[:, :, None] * vis[:, None, :])[None]  # (H, n, s, s)
+        Kq = None
+        if K is not None:
+            vvv = vis[:, :, None, None] * vis[:, None, :, None] * vis[:, None, None, :]
+            Kq = K[:, None] * vvv[None]
+        keys = self._keys(key, H, n)
+        if Kq is None:
+            m, stats = jax.vmap(jax.vmap(lambda a, b, k: per_query(a, b, None, k)))(hv, Jq, keys)
+        else:
+            m, stats = jax.vmap(jax.vmap(per_query))(hv, Jq, Kq, keys)
+        return m * vis, stats
+
+    def _no_stats(self, H, n):
+        """Solver statistics of a call that ran no solver (same keys as one that did)."""
+        if self.inference in ("mean_field", "tap"):
+            zero = jnp.zeros((H, n), jnp.int32)
+            return {"num_steps": zero, "result": zero}
+        return {}
+
+    def _keys(self, key, H, n):
+        if key is None:
+            key = jax.random.key(0)
+        return jax.random.split(key, H * n).reshape(H, n)
+
+    def _per_query(self, inf):
+        """`f(h (s,), J (s, s), K (s, s, s) | None, key) -> (m (s,), stats)` for one query."""
+        if inf == "exact":
+            def f(h, J, K, key):
+                return ising.exact_marginals(h, J, K=K), {}
+        elif inf in ("mean_field", "tap"):
+            f = self._mean_field
+        else:
+            f = self._sampled
+        return f
+
+    def _mean_field(self, h, J, K, key):
+        del key
+        kw = dict(solver=self.solver, adjoint=self.adjoint, tol=self.tol,
+                  max_steps=self.max_steps, throw=self.throw)
+        if K is None:
+            fn = ising.tap if self.inference == "tap" else ising.mean_field
+            sol = fn(h, J, return_solution=True, **kw)
+        else:
+            Ks = _sym3(K)
+
+            def update(m, args):
+                h_, J_, Ks_ = args
+                return jnp.tanh(h_ + J_ @ m + 0.5 * jnp.einsum("jkl,k,l->j", Ks_, m, m))
+
+            sol = solvers.fixed_point(update, jnp.tanh(h), (h, J, Ks), **kw)
+        return sol.value, {"num_steps": sol.num_steps, "result": sol.result}
+
+    def _sampled(self, h, J, K, key):
+        s = h.shape[0]
+        inf = self.inference
+        if inf == "gibbs":
+            S = samplers.gibbs(h, J, key=key, num_samples=self.num_samples,
+                               burn_in=self.burn_in, K=K)
+        elif inf == "parallel_tempering":
+            S = samplers.parallel_tempering(h, J, key=key, betas=jnp.asarray(self.betas),
+                                            num_samples=self.num_samples,
+                                            burn_in=self.burn_in, K=K)
+        else:
+            S = samplers.dqa(h, J, key=key, num_samples=self.num_samples,
+                             steps=self.dqa_steps, total_time=self.dqa_time,
+                             gamma=self.dqa_gamma, K=K)
+        m_hat = jax.lax.stop_gradient(jnp.mean(S, axis=0))
+        local = h + J @ m_hat
+        if K is not None:
+            local = local + 0.5 * jnp.einsum("jkl,k,l->j", _sym3(K), m_hat, m_hat)
+        del s
+        return samplers.straight_through(m_hat, jnp.tanh(local)), {}
