@@ -263,7 +263,7 @@ def test_tap_ness_agrees_with_jaxopt_and_finite_differences(ness_problem, x64):
         return jnp.sum(w * m), m
 
     def fp(m, x_, J_):  # the steady-state map, for jaxopt
-        return vector._ness_map(m, (x_, J_, jnp.asarray(BETA), jnp.asarray(RADIUS)))
+        return vector.ness_update(m, x_, J_, beta=BETA, R=RADIUS)
 
     ref = jaxopt.AndersonAcceleration(fixed_point_fun=fp, tol=1e-12, maxiter=200).run(
         vector.magnetization(x, beta=BETA, R=RADIUS), x, J).params

@@ -65,7 +65,7 @@ class SeedSpinAttention(eqx.Module):
         beta, R = a.beta, a.radius
 
         def ness_map(m, x_h, J_h):
-            return vector._ness_map(m, (x_h, J_h, beta, R))
+            return vector.ness_update(m, x_h, J_h, beta=beta, R=R)
 
         solver = jaxopt.AndersonAcceleration(fixed_point_fun=ness_map, tol=1e-3, maxiter=100,
                                              implicit_diff=True)

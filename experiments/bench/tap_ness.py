@@ -68,7 +68,7 @@ def main(argv=None):
 
         def fp(m, x_, J_):
             # the same map as tap_ness, written out from the public functions' definition
-            return vector._ness_map(m, (x_, J_, jnp.asarray(beta), jnp.asarray(R)))
+            return vector.ness_update(m, x_, J_, beta=beta, R=R)
 
         solver = jaxopt.AndersonAcceleration(
             fixed_point_fun=fp, history_size=5, tol=a.tol, maxiter=a.max_steps

@@ -41,6 +41,7 @@ __all__ = [
     "naive_step",
     "tap_step",
     "tap_ness",
+    "ness_update",
 ]
 
 # Backward-recurrence depth. The recurrence r_ν = x / (2(ν+1) + x r_{ν+1}) shrinks the error
@@ -395,6 +396,27 @@ def _tap_map(m, args):
 def _ness_map(m, args):
     x, J, beta, R = args
     return _phi_large(_tap_field(m, m, x, J, beta, R), beta, R)
+
+
+def ness_update(
+    m: Float[ArrayLike, "n D"],
+    x: Float[ArrayLike, "n D"],
+    J: Float[ArrayLike, "n n"],
+    *,
+    beta: float | Float[ArrayLike, ""] = 1.0,
+    R: float | Float[ArrayLike, ""] = 1.0,
+) -> Float[Array, "n D"]:
+    """One application of the steady-state map m ↦ φ(θ(m; m_{t−1} = m)) whose fixed point
+    `tap_ness` solves — for running another solver on the same problem (e.g. a reference
+    implementation in a benchmark) or checking a residual ‖ness_update(m) − m‖.
+
+    **Arguments:** `m`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` as `tap_step`.
+
+    **Returns:** `(n, D)`.
+    """
+    _check_system("ness_update", m, x, J)
+    m, x, J, beta, R = as_float(m, x, J, beta, R)
+    return _ness_map(m, (x, J, beta, R))
 
 
 def tap_step(
