@@ -51,8 +51,7 @@ def groups(tasks, quick):
     """(task, T, ffn) in priority order."""
     out = []
     if "brackets" in tasks:
-        Ts = (4,) if quick else (12, 16, 8)
-        order = [(T, f) for T in Ts for f in (0, 64)] if quick else [
+        order = [(4, 0)] if quick else [
             (12, 0), (16, 0), (12, 64), (16, 64), (8, 0), (8, 64)]
         out += [("brackets", T, f) for T, f in order]
     if "chars" in tasks:
