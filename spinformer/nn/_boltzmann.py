@@ -172,7 +172,8 @@ class BoltzmannAttention(eqx.Module):
             raise ValueError(f"{name}: max_len={max_len!r} must be a positive int (the "
                              "longest key sequence; J has shape (H, max_len, max_len)).")
         uses_h, uses_J, uses_K = _uses(mode)
-        if mode != "softmax":
+        # modes softmax, h and J have closed forms: no inference, so no length limits
+        if uses_K or (uses_h and uses_J):
             if inference == "exact" and max_len > _MAX_EXACT:
                 raise ValueError(
                     f"{name}: exact inference enumerates 2^T configurations and is limited to "
@@ -313,7 +314,8 @@ class BoltzmannAttention(eqx.Module):
         - `h`: fields `(H, n, s)`.
         - `visible`: optional boolean `(n, s)`, True where query i sees position j; the
           hidden spins are removed from query i's model. None means every position is
-          visible, or with `causal=True` the causal pattern j ≤ i (n = s).
+          visible, or with `causal=True` the causal pattern j ≤ i (n = s); `causal` is
+          ignored when `visible` is given.
         - `key`: PRNG key for samplers (a fixed key if None).
 
         **Returns:** magnetizations `(H, n, s)` (0 at hidden positions) and a dict of solver
@@ -321,6 +323,7 @@ class BoltzmannAttention(eqx.Module):
         """
         H, n, s = h.shape
         uses_h, uses_J, uses_K = _uses(self.mode)
+        structured = visible is None  # all visible, or causal: one shared enumeration
         if visible is None and causal:
             if n != s:
                 raise ValueError(f"BoltzmannAttention: causal magnetizations need as many "
@@ -335,7 +338,7 @@ class BoltzmannAttention(eqx.Module):
             # h = 0 and pairwise J only: E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J
             return jnp.zeros_like(h), self._no_stats(H, n)
         Jz = jnp.zeros((H, s, s), h.dtype) if J is None else J
-        if self.inference == "exact" and (visible is None or causal):
+        if self.inference == "exact" and structured:
             # shared enumeration over all queries (prefix blocks when causal)
             def one_head(hh, jj, kk):
                 return ising.boltzmann_marginals(hh, jj, causal=causal, K=kk)
