@@ -83,11 +83,16 @@ def cmd_run(args):
     t_all = time.perf_counter()
     for i, ((task, T, ffn), mode, seed) in enumerate(todo):
         out = runs / run_name(task, T, ffn, mode, seed)
-        if (out / "summary.json").exists():
+        if (out / "summary.json").exists() or (out / "failed.json").exists():
             continue
         cfg = config_for(task, T, ffn, mode, seed, args.quick)
         t0 = time.perf_counter()
-        summary = sf.train.run(cfg, out, progress=False)
+        try:
+            summary = sf.train.run(cfg, out, progress=False)
+        except FloatingPointError as e:  # a diverged run is a result: record it, go on
+            (out / "failed.json").write_text(json.dumps({"error": str(e)}))
+            print(f"[{i + 1}/{len(todo)}] {out.name}: FAILED: {e}", flush=True)
+            continue
         m = summary["metrics"]
         print(f"[{i + 1}/{len(todo)}] {out.name}: loss {m['loss']:.4f} acc {m['accuracy']:.4f} "
               f"ppl {m['perplexity']:.3f} steps {summary['steps']} "
@@ -96,6 +101,16 @@ def cmd_run(args):
 
 
 # ----------------------------------------------------------------------------- report
+
+
+def _failed(runs):
+    """(task, T, ffn, mode) -> number of diverged runs."""
+    out = {}
+    for f in pathlib.Path(runs).glob("*_s*/failed.json"):
+        task, T, ffn, mode, _ = f.parent.name.split("_")
+        key = (task, int(T[1:]), int(ffn[3:]), mode)
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _load(runs):
@@ -116,8 +131,9 @@ def _stat(vals):
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
 
 
-def _table(rows, task, ffn, metric, scale, better):
-    Ts = sorted({r["T"] for r in rows if r["task"] == task and r["ffn"] == ffn})
+def _table(rows, task, ffn, metric, scale, failed):
+    Ts = sorted({r["T"] for r in rows if r["task"] == task and r["ffn"] == ffn}
+                | {k[1] for k in failed if (k[0], k[2]) == (task, ffn)})
     if not Ts:
         return "", {}
     unit = "pp" if metric == "accuracy" else "%"
@@ -130,8 +146,9 @@ def _table(rows, task, ffn, metric, scale, better):
         for mode in MODES:
             vals = [scale * r["metrics"][metric] for r in rows
                     if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, mode)]
+            n_failed = failed.get((task, T, ffn, mode), 0)
             if not vals:
-                cells.append("—")
+                cells.append(f"— ({n_failed} diverged)" if n_failed else "—")
                 continue
             mu, sd, n = _stat(vals)
             stats[(T, mode)] = (mu, sd, n)
@@ -144,6 +161,8 @@ def _table(rows, task, ffn, metric, scale, better):
                 else:  # relative improvement in perplexity, positive = better
                     gap = 100.0 * (base - mu) / base
                 cell += f" ({gap:+.2f} {unit})"
+            if n_failed:
+                cell += f" [{n_failed} diverged, not counted]"
             cells.append(cell)
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
     return "\n".join(lines), stats
@@ -263,6 +282,7 @@ def _couplings_figure(rows, task, T, ffn, results):
 
 def cmd_report(args):
     rows = _load(args.runs)
+    failed = _failed(args.runs)
     results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     if not rows:
@@ -277,7 +297,7 @@ def cmd_report(args):
             ("brackets", 0, "accuracy", 100.0, "Bracket matching, no FFN: accuracy (%)"),
             ("brackets", 64, "accuracy", 100.0, "Bracket matching, FFN d_ff=64: accuracy (%)"),
             ("chars", 128, "perplexity", 1.0, "Character-level Shakespeare: perplexity")):
-        table, stats = _table(rows, task, ffn, metric, scale, None)
+        table, stats = _table(rows, task, ffn, metric, scale, failed)
         if not table:
             continue
         md += [f"## {name}", "", table, ""]

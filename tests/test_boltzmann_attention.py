@@ -111,8 +111,16 @@ def _output(attn, ctx, weights):
     return o.reshape(weights.shape[1], D) @ np.asarray(attn.to_out.weight, np.float64).T
 
 
+ALPHA_EPS = 1e-6  # the documented floor of every visible α (BoltzmannAttention)
+
+
 def _normalise(alpha):
     return alpha / alpha.sum(-1, keepdims=True)
+
+
+def _weights(m, vis):
+    """Seed Eq. 9 normalised over the visible positions, with the module's 1e-6 floor."""
+    return _normalise((0.5 * (m + 1.0) + ALPHA_EPS) * vis)
 
 
 # ----------------------------------------------------------------------------- 1. exact physics
@@ -147,7 +155,7 @@ def test_exact_magnetizations_match_enumeration(mode, getkey, x64):
         err = f"{mode}/{name}"
         np.testing.assert_allclose(diag["fields"], h, atol=1e-12, err_msg=err)
         np.testing.assert_allclose(diag["magnetizations"], m, atol=1e-10, err_msg=err)
-        weights = _normalise(0.5 * (m + 1.0) * vis)
+        weights = _weights(m, vis)
         np.testing.assert_allclose(diag["couplings"], weights, atol=1e-10, err_msg=err)
         np.testing.assert_allclose(y, _output(attn, kv, weights), atol=1e-10, err_msg=err)
         if mode not in ("h", "J"):  # the couplings matter: this is not sigmoid attention
@@ -195,7 +203,7 @@ def test_J_uniform_h_sigmoid_softmax_baseline(getkey, x64):
     for (_, diag), vis, (xx, kv) in zip(_three_cases(attn, *args), visible,
                                         ((x, x), (x, x), (x[:3], ctx))):
         sig = 1.0 / (1.0 + np.exp(-2.0 * _fields(attn, xx, kv)))
-        np.testing.assert_allclose(diag["couplings"], _normalise(sig * vis), atol=1e-12)
+        np.testing.assert_allclose(diag["couplings"], _weights(2.0 * sig - 1.0, vis), atol=1e-12)
 
     # mode softmax equals SoftmaxAttention with the same projections
     attn = _bm("softmax", key=k, causal=True)
@@ -489,7 +497,7 @@ def test_vmap_matches_per_example(getkey, x64):
     ys = eqx.filter_jit(jax.vmap(lambda x: attn(x, mask=mask)))(xs)
     for b in range(B):  # each example against the enumeration
         _, m = _brute_all(attn, xs[b], xs[b], vis)
-        np.testing.assert_allclose(ys[b], _output(attn, xs[b], _normalise(0.5 * (m + 1) * vis)),
+        np.testing.assert_allclose(ys[b], _output(attn, xs[b], _weights(m, vis)),
                                    atol=1e-10)
     # samplers: one key per example (equal keys, equal results)
     gibbs = _bm("hJ", key=getkey(), causal=True, inference="gibbs", num_samples=16, burn_in=2)
@@ -513,3 +521,23 @@ def test_tagger_trains():
     a0, a1 = model.transformer.blocks.attention, m.transformer.blocks.attention
     for name in ("J", "K"):  # the couplings learn
         assert np.abs(np.asarray(getattr(a1, name)) - np.asarray(getattr(a0, name))).max() > 1e-3
+
+
+def test_all_positions_ignored_gives_finite_gradients(getkey):
+    """Fields so negative that every α rounds to 0 (or to −1e-6 in the float32 enumeration):
+    the normalisation must not divide 0 by 0 — training once hit NaN gradients here."""
+    T, D = 8, 8
+    attn = nn.BoltzmannAttention(D, 1, causal=True, max_len=T, mode="hJ", init_scale=0.1,
+                                 key=getkey())
+    attn = eqx.tree_at(lambda a: a.to_q.weight, attn, 30.0 * attn.to_q.weight)
+    attn = eqx.tree_at(lambda a: a.to_k.weight, attn, -attn.to_q.weight)
+    # near-identical tokens: h_ij = −|q|²/√d ≪ 0 for every pair
+    x = jax.random.normal(getkey(), (D,)) + 1e-3 * jax.random.normal(getkey(), (T, D))
+    out, diag = attn(x, return_diagnostics=True)
+    visible = np.tril(np.ones((T, T), bool))
+    assert float(jnp.max(diag["magnetizations"][:, visible])) < -0.999
+    grads = eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2))(attn)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    assert bool(jnp.all(jnp.isfinite(out)))
+    rows = jnp.sum(diag["couplings"], axis=-1)
+    np.testing.assert_allclose(rows, 1.0, rtol=1e-5)

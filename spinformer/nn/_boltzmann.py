@@ -72,6 +72,23 @@ def _sym3(K):
     return sum(jnp.transpose(Ku, p) for p in perms)
 
 
+# Added to every visible α before normalising: float32 magnetizations near −1 round to α = 0
+# (or to −1e-6: the enumeration's sums round too), and a query whose every α vanishes would
+# divide 0 by 0, with NaN gradients (seen in training). Negligible whenever Σα ≫ T·1e-6.
+_ALPHA_EPS = 1e-6
+
+
+def normalized_weights(m, visible=1.0):
+    """Attention weights α̃_ij = α_ij / Σ_k α_ik from magnetizations, α = (⟨s⟩ + 1)/2 (seed
+    Eq. 9), over the visible positions (`visible` 1/0, broadcast against `m (..., s)`).
+    α is clipped to [0, 1] and given a floor of 1e-6, so a query whose magnetizations all
+    sit at −1 attends uniformly instead of dividing by zero (a query that sees no position
+    gets zero weights)."""
+    alpha = (jnp.clip(0.5 * (m + 1.0), 0.0, 1.0) + _ALPHA_EPS) * visible
+    total = jnp.sum(alpha, axis=-1, keepdims=True)
+    return alpha / jnp.where(total > 0, total, 1.0)  # a query that sees nothing: all zero
+
+
 class BoltzmannAttention(eqx.Module):
     """Multi-head Boltzmann attention (one example per call).
 
@@ -290,8 +307,7 @@ class BoltzmannAttention(eqx.Module):
                 m, stats = self.magnetizations(h, allowed, key=key)
             diag.update(stats)
             vis = 1.0 if allowed is None else allowed.astype(h.dtype)
-            alpha = 0.5 * (m + 1.0) * vis
-            weights = alpha / jnp.maximum(jnp.sum(alpha, axis=-1, keepdims=True), 1e-30)
+            weights = normalized_weights(m, vis)
         out = jnp.einsum("hns,hsk->nhk", weights, v).reshape(n, self.dim)
         out = jax.vmap(self.to_out)(out)
         if return_diagnostics:
