@@ -343,7 +343,7 @@ def cmd_approx(args):
         return
     cfg, dataset, trained = load_model(run_dir)
     batch = dataset.batch(0, "val")
-    tokens = jnp.asarray(batch["inputs"][: (4 if args.quick else 32)])
+    tokens = jnp.asarray(batch["inputs"][: (4 if args.quick else 16)])
     ns = 64 if args.quick else 1024
     settings = {
         "exact": {},
