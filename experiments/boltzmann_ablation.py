@@ -12,6 +12,9 @@ Runs are `spinformer.train.run` calls on `configs/boltzmann_brackets.yaml` and
 `summary.json` is skipped, so the sweep can be stopped and restarted. Runs are ordered by
 priority (bracket matching without FFN at T=12 and 16 first: the seed's headline claim) and,
 within a group, seed by seed over all modes, so a partial sweep still compares every mode.
+After the four modes, the variants in `EXTRAS` (h+J with the couplings' learning rate raised
+to the main one; softmax, h+J and h-only with 4x the steps) are trained on bracket matching
+without FFN at T = 12 and 16 (`--extras no` skips them, `--extras only` trains just them).
 
 `report` writes `--results` (default `experiments/results/boltzmann`): `ablation.md` (mean ±
 std over seeds, gaps to softmax), accuracy/perplexity-vs-T figures, learning curves at T=12,
@@ -43,8 +46,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {"brackets": ROOT / "configs/boltzmann_brackets.yaml",
            "chars": ROOT / "configs/boltzmann_shakespeare.yaml"}
 MODES = ("softmax", "hJ", "h", "J")
-LABELS = {"softmax": "softmax", "hJ": "h+J", "h": "h only (J=0)", "J": "J only (h=0)"}
-COLORS = {"softmax": "tab:blue", "hJ": "tab:red", "h": "tab:green", "J": "tab:gray"}
+# Variants beyond the seed's four modes, trained on bracket matching without FFN only:
+# name -> (mode, how the config changes, label, the softmax column its gap is taken to).
+# "hJlr": h+J with the couplings' learning rate raised to the main one (the configs keep the
+# seed's ratio LR_J = LR/3), to test whether J is under-trained; "*L": 4x the training steps,
+# so that the couplings have time to grow (the seed trains to early stopping).
+EXTRAS = {
+    "hJlr": ("hJ", lambda c: {"train.coupling_lr": c.train.lr}, "h+J, LR_J = LR", "softmax"),
+    "softmaxL": ("softmax", lambda c: {"train.steps": 4 * c.train.steps}, "softmax, 4x steps",
+                 None),
+    "hJL": ("hJ", lambda c: {"train.steps": 4 * c.train.steps}, "h+J, 4x steps", "softmaxL"),
+    "hL": ("h", lambda c: {"train.steps": 4 * c.train.steps}, "h only, 4x steps", "softmaxL"),
+}
+LABELS = {"softmax": "softmax", "hJ": "h+J", "h": "h only (J=0)", "J": "J only (h=0)",
+          **{k: v[2] for k, v in EXTRAS.items()}}
+COLORS = {"softmax": "tab:blue", "hJ": "tab:red", "h": "tab:green", "J": "tab:gray",
+          "hJlr": "tab:orange", "softmaxL": "tab:cyan", "hJL": "tab:purple", "hL": "tab:olive"}
 
 
 def groups(tasks, quick):
@@ -64,20 +81,38 @@ def run_name(task, T, ffn, mode, seed):
 
 
 def config_for(task, T, ffn, mode, seed, quick):
-    over = [f"data.seq_len={T}", f"model.ffn_hidden={ffn}", f"model.boltzmann.mode={mode}",
+    """The config of one run; `mode` is one of MODES or EXTRAS."""
+    base_mode = EXTRAS[mode][0] if mode in EXTRAS else mode
+    over = [f"data.seq_len={T}", f"model.ffn_hidden={ffn}", f"model.boltzmann.mode={base_mode}",
             f"train.seed={seed}", f"data.seed={seed}", "train.progress=false"]
     if quick:
         over += ["train.steps=6", "train.eval_every=3", "data.eval_batches=1",
                  "data.batch_size=8", "train.warmup_steps=1"]
         if task == "chars":
             over += ["data.max_chars=5000"]
-    return sf.config.load_config(CONFIGS[task], overrides=over)
+    cfg = sf.config.load_config(CONFIGS[task], overrides=over)
+    if mode in EXTRAS:
+        cfg = cfg.replace(**{k: str(v) for k, v in EXTRAS[mode][1](cfg).items()})
+    return cfg
+
+
+def plan(tasks, quick, seeds, extras="yes"):
+    """[((task, T, ffn), mode, seed)] in priority order: the four modes everywhere, then (with
+    `extras` "yes" or "only") the EXTRAS on bracket matching without FFN at T = 12 and 16."""
+    gs = groups(tasks, quick)
+    todo = []
+    if extras != "only":
+        todo += [(g, mode, seed) for g in gs for seed in range(seeds) for mode in MODES]
+    if extras != "no":
+        todo += [(g, mode, seed) for g in gs
+                 if g[0] == "brackets" and g[2] == 0 and (quick or g[1] in (12, 16))
+                 for seed in range(seeds) for mode in EXTRAS]
+    return todo
 
 
 def cmd_run(args):
     runs = pathlib.Path(args.runs)
-    todo = [(g, mode, seed) for g in groups(args.tasks, args.quick)
-            for seed in range(args.seeds) for mode in MODES]
+    todo = plan(args.tasks, args.quick, args.seeds, args.extras)
     done = sum((runs / run_name(*g, m, s) / "summary.json").exists() for g, m, s in todo)
     print(f"{len(todo)} runs, {done} already finished, writing to {runs}", flush=True)
     t_all = time.perf_counter()
@@ -131,21 +166,30 @@ def _stat(vals):
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
 
 
+def _gap(value, base, metric):
+    """Improvement over the baseline: accuracy in percentage points, perplexity as a relative
+    reduction in % (positive = better in both)."""
+    return value - base if metric == "accuracy" else 100.0 * (base - value) / base
+
+
 def _table(rows, task, ffn, metric, scale, failed):
     Ts = sorted({r["T"] for r in rows if r["task"] == task and r["ffn"] == ffn}
                 | {k[1] for k in failed if (k[0], k[2]) == (task, ffn)})
     if not Ts:
         return "", {}
+    present = {r["mode"] for r in rows if r["task"] == task and r["ffn"] == ffn}
+    modes = MODES + tuple(m for m in EXTRAS if m in present)
     unit = "pp" if metric == "accuracy" else "%"
-    head = "| T | " + " | ".join(LABELS[m] for m in MODES) + " |"
-    lines = [head, "|---" * (len(MODES) + 1) + "|"]
+    head = "| T | " + " | ".join(LABELS[m] for m in modes) + " |"
+    lines = [head, "|---" * (len(modes) + 1) + "|"]
     stats = {}
     for T in Ts:
         cells = []
-        base = None
-        for mode in MODES:
-            vals = [scale * r["metrics"][metric] for r in rows
-                    if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, mode)]
+        by_seed = {}  # mode -> {seed: value}
+        for mode in modes:
+            by_seed[mode] = {r["seed"]: scale * r["metrics"][metric] for r in rows
+                             if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, mode)}
+            vals = list(by_seed[mode].values())
             n_failed = failed.get((task, T, ffn, mode), 0)
             if not vals:
                 cells.append(f"— ({n_failed} diverged)" if n_failed else "—")
@@ -153,14 +197,16 @@ def _table(rows, task, ffn, metric, scale, failed):
             mu, sd, n = _stat(vals)
             stats[(T, mode)] = (mu, sd, n)
             cell = f"{mu:.2f} ± {sd:.2f} (n={n})"
-            if mode == "softmax":
-                base = mu
-            elif base is not None:
-                if metric == "accuracy":
-                    gap = mu - base
-                else:  # relative improvement in perplexity, positive = better
-                    gap = 100.0 * (base - mu) / base
-                cell += f" ({gap:+.2f} {unit})"
+            base_mode = (EXTRAS[mode][3] if mode in EXTRAS
+                         else None if mode == "softmax" else "softmax")
+            base = by_seed.get(base_mode, {})
+            if base:
+                # per-seed (paired) gaps: same seed = same data order and initial projections
+                common = sorted(set(base) & set(by_seed[mode]))
+                gaps = [_gap(by_seed[mode][k], base[k], metric) for k in common]
+                g_mu, g_sd, g_n = _stat(gaps) if gaps else (float("nan"), 0.0, 0)
+                spread = f" ± {g_sd:.2f}" if g_n > 1 else ""
+                cell += f" ({g_mu:+.2f}{spread} {unit})"
             if n_failed:
                 cell += f" [{n_failed} diverged, not counted]"
             cells.append(cell)
@@ -180,7 +226,7 @@ def _plt():
 def _plot_vs_T(stats, ylabel, path, title):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mode in MODES:
+    for mode in MODES + tuple(EXTRAS):
         pts = sorted((T, v) for (T, m), v in stats.items() if m == mode)
         if pts:
             ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
@@ -198,7 +244,7 @@ def _plot_vs_T(stats, ylabel, path, title):
 def _curves(rows, task, T, ffn, key, path, title):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mode in MODES:
+    for mode in MODES + tuple(EXTRAS):
         series = []
         for r in rows:
             if (r["task"], r["T"], r["ffn"], r["mode"]) != (task, T, ffn, mode):
@@ -290,9 +336,12 @@ def cmd_report(args):
         return
     md = ["# Boltzmann attention: four-way ablation", "",
           "Generated by `experiments/boltzmann_ablation.py report`. Mean ± std over seeds "
-          "(n = number of seeds); in parentheses the gap to softmax (accuracy: percentage "
-          "points; perplexity: relative improvement in %, positive = better). Final "
-          "validation metrics after the configured steps (see configs/boltzmann_*.yaml).", ""]
+          "(n = number of seeds); in parentheses the gap to softmax, mean ± std of the "
+          "per-seed gaps (runs with the same seed share data order and initial "
+          "projections; accuracy: percentage points; perplexity: relative improvement in %, "
+          "positive = better); the 4x-steps "
+          "variants are compared with softmax at 4x steps. Final validation metrics after the "
+          "configured steps (see configs/boltzmann_*.yaml).", ""]
     for task, ffn, metric, scale, name in (
             ("brackets", 0, "accuracy", 100.0, "Bracket matching, no FFN: accuracy (%)"),
             ("brackets", 64, "accuracy", 100.0, "Bracket matching, FFN d_ff=64: accuracy (%)"),
@@ -406,6 +455,9 @@ def main(argv=None):
     p.add_argument("--runs", default=str(ROOT / "runs/boltzmann_ablation"))
     p.add_argument("--results", default=str(ROOT / "experiments/results/boltzmann"))
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test only")
+    p.add_argument("--extras", choices=("yes", "no", "only"), default="yes",
+                   help=f"also train the variants {sorted(EXTRAS)} (default), not them, or "
+                   "only them")
     args = p.parse_args(argv)
     args.tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in args.tasks if t not in CONFIGS]

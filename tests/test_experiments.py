@@ -3,6 +3,8 @@
 import importlib.util
 import pathlib
 
+from spinformer.config import load_config
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -19,13 +21,19 @@ def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     runs, results = tmp_path / "runs", tmp_path / "results"
     ablation.main(["all", "--quick", "--seeds", "2", "--tasks", "brackets",
                    "--runs", str(runs), "--results", str(results)])
-    # every mode x seed finished, and a second `run` skips them all
-    assert len(list(runs.glob("*/summary.json"))) == 2 * len(ablation.MODES)
+    # every mode (and extra variant) x seed finished, and a second `run` skips them all
+    n_modes = len(ablation.MODES) + len(ablation.EXTRAS)
+    assert len(list(runs.glob("*/summary.json"))) == 2 * n_modes
     ablation.main(["run", "--quick", "--seeds", "2", "--tasks", "brackets", "--runs", str(runs)])
+    # the variant trains mode hJ with the couplings' learning rate raised to the main one
+    base = load_config(runs / "brackets_T4_ffn0_hJ_s0" / "config.yaml")
+    fast = load_config(runs / "brackets_T4_ffn0_hJlr_s0" / "config.yaml")
+    assert fast.model.boltzmann.mode == "hJ"
+    assert fast.train.coupling_lr == fast.train.lr > base.train.coupling_lr
 
     table = (results / "ablation.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| 4 |"))
-    assert row.count("(n=2)") == len(ablation.MODES)
+    assert row.count("(n=2)") == n_modes
     for fig in ("brackets_ffn0_accuracy.png", "curves_brackets_T4_ffn0.png",
                 "couplings_brackets_T4_ffn0.png"):
         assert (results / fig).stat().st_size > 0

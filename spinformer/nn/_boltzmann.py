@@ -423,7 +423,6 @@ class BoltzmannAttention(eqx.Module):
         return sol.value, {"num_steps": sol.num_steps, "result": sol.result}
 
     def _sampled(self, h, J, K, key):
-        s = h.shape[0]
         inf = self.inference
         if inf == "gibbs":
             S = samplers.gibbs(h, J, key=key, num_samples=self.num_samples,
@@ -440,5 +439,4 @@ class BoltzmannAttention(eqx.Module):
         local = h + J @ m_hat
         if K is not None:
             local = local + 0.5 * jnp.einsum("jkl,k,l->j", _sym3(K), m_hat, m_hat)
-        del s
         return samplers.straight_through(m_hat, jnp.tanh(local)), {}
