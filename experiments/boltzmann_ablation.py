@@ -232,19 +232,20 @@ def _plot_vs_T(stats, ylabel, path, title):
             ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
                         yerr=[p[1][1] for p in pts], marker="o", capsize=3,
                         label=LABELS[mode], color=COLORS[mode])
+    ax.set_xticks(sorted({T for T, _ in stats}))
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend()
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _curves(rows, task, T, ffn, key, path, title):
+def _curves(rows, task, T, ffn, key, path, title, modes=MODES):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mode in MODES + tuple(EXTRAS):
+    for mode in modes:
         series = []
         for r in rows:
             if (r["task"], r["T"], r["ffn"], r["mode"]) != (task, T, ffn, mode):
@@ -256,13 +257,14 @@ def _curves(rows, task, T, ffn, key, path, title):
             continue
         steps = sorted(set.intersection(*[set(s) for s in series]))
         vals = np.array([[s[t] for t in steps] for s in series])
+        vals = 100.0 * vals if key == "accuracy" else vals
         mu, sd = vals.mean(0), vals.std(0)
         ax.plot(steps, mu, label=LABELS[mode], color=COLORS[mode])
         ax.fill_between(steps, mu - sd, mu + sd, alpha=0.2, color=COLORS[mode])
     ax.set_xlabel("step")
-    ax.set_ylabel(f"validation {key}")
-    ax.set_title(title)
-    ax.legend()
+    ax.set_ylabel(f"validation {key}" + (" (%)" if key == "accuracy" else ""))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -359,6 +361,13 @@ def cmd_report(args):
         cpath = results / f"curves_{task}_T{T_curve}_ffn{ffn}.png"
         _curves(rows, task, T_curve, ffn, key, cpath, f"{name}, T={T_curve}")
         md += [f"![learning curves]({cpath.name})", ""]
+        long = tuple(m for m in EXTRAS if m.endswith("L")
+                     and any((r["task"], r["ffn"], r["mode"]) == (task, ffn, m) for r in rows))
+        if long:
+            lpath = results / f"curves_{task}_T{T_curve}_ffn{ffn}_4x.png"
+            _curves(rows, task, T_curve, ffn, key, lpath, f"{name}, T={T_curve}, 4x steps",
+                    modes=long)
+            md += [f"![learning curves, 4x steps]({lpath.name})", ""]
         got = _couplings_figure(rows, task, T_curve, ffn, results)
         if got:
             md += [f"Mean learned J by distance |j−k| (T={T_curve}): {got[1]}", "",
