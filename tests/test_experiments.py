@@ -41,7 +41,8 @@ def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     approx = (results / "approximation.md").read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[2:] for line in approx.splitlines()
             if line.startswith("| ") and "inference" not in line}
-    assert set(rows) == {"exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa"}
+    assert set(rows) == {"exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa",
+                         f"dqa τ={ablation.DQA_TIMES[0]:g}"}
     assert float(rows["exact"][0]) == 0.0
     # T = 4 after a few steps: the couplings are tiny, mean field is close to exact; sampling
     # noise with 64 samples is of order 1/sqrt(64)
