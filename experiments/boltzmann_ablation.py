@@ -329,6 +329,68 @@ def _couplings_figure(rows, task, T, ffn, results):
     return path, line
 
 
+# The seed's gaps to softmax (its Tables 2, 3 and 5; 10 seeds each): (task, ffn, mode) ->
+# {T: gap}, accuracy in pp, perplexity as relative improvement in %. Recomputed from the
+# seed's own means; Table 5's T=16 gap is printed as +4.53 but its means give +4.52.
+SEED_GAPS = {
+    ("brackets", 0, "hJ"): {8: 0.43, 12: 2.10, 16: 4.52},
+    ("brackets", 0, "h"): {8: -0.22, 12: -0.26, 16: 0.65},
+    ("brackets", 0, "J"): {8: -5.49, 12: -6.54, 16: -8.48},
+    ("brackets", 64, "hJ"): {8: -0.21, 12: 1.55, 16: 2.89},
+    ("brackets", 64, "h"): {8: -0.10, 12: -0.71, 16: -3.02},
+    ("brackets", 64, "J"): {8: 0.79, 12: 1.25, 16: -5.66},
+    ("chars", 128, "hJ"): {4: -0.02, 8: 0.81, 12: 1.08},
+    ("chars", 128, "h"): {4: -0.02, 8: -3.08, 12: -7.14},
+    ("chars", 128, "J"): {4: -1.76, 8: -7.20, 12: -12.25},
+}
+# two-sided 95% Student t quantiles by degrees of freedom
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 29: 2.05}
+
+
+def _t975(df):
+    return _T975.get(df) or _T975[max(k for k in _T975 if k <= df)]
+
+
+def _paired_gaps(rows, task, ffn, T, mode, base, metric, scale):
+    def values(m):
+        return {r["seed"]: scale * r["metrics"][metric] for r in rows
+                if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, m)}
+
+    a, b = values(mode), values(base)
+    return [_gap(a[k], b[k], metric) for k in sorted(set(a) & set(b))]
+
+
+def _verdict(rows):
+    """Markdown: the paired gaps to softmax with 95% confidence intervals, beside the seed's."""
+    lines = ["## Does the seed's direction reproduce?", "",
+             "Paired per-seed gap to the baseline (accuracy: pp; perplexity: relative "
+             "improvement in %; positive = better), mean with its 95% confidence interval "
+             "(Student t over seeds), beside the seed's gap (10 seeds, its Tables 2, 3, 5). "
+             "`yes`/`no`: the interval lies wholly above / below 0; `?`: it contains 0.", "",
+             "| task | T | comparison | gap here | 95% CI | n | seed's gap | sign |",
+             "|---|---|---|---|---|---|---|---|"]
+    comparisons = [(task, ffn, mode, "softmax") for task, ffn in
+                   (("brackets", 0), ("brackets", 64), ("chars", 128)) for mode in MODES[1:]]
+    comparisons += [("brackets", 0, m, EXTRAS[m][3]) for m in EXTRAS if EXTRAS[m][3]]
+    for task, ffn, mode, base in comparisons:
+        metric, scale = ("accuracy", 100.0) if task == "brackets" else ("perplexity", 1.0)
+        for T in sorted({r["T"] for r in rows if (r["task"], r["ffn"]) == (task, ffn)}):
+            gaps = _paired_gaps(rows, task, ffn, T, mode, base, metric, scale)
+            if len(gaps) < 2:
+                continue
+            mu, sd, n = _stat(gaps)
+            half = _t975(n - 1) * sd / np.sqrt(n)
+            sign = "yes" if mu - half > 0 else "no" if mu + half < 0 else "?"
+            seed_gap = SEED_GAPS.get((task, ffn, mode), {}).get(T)
+            seed_txt = "—" if seed_gap is None else f"{seed_gap:+.2f}"
+            name = f"{LABELS[mode]} − {LABELS[base]}"
+            where = f"{task}" + (", no FFN" if ffn == 0 else f", d_ff={ffn}")
+            lines.append(f"| {where} | {T} | {name} | {mu:+.2f} | [{mu - half:+.2f}, "
+                         f"{mu + half:+.2f}] | {n} | {seed_txt} | {sign} |")
+    return lines + [""]
+
+
 def cmd_report(args):
     rows = _load(args.runs)
     failed = _failed(args.runs)
@@ -373,6 +435,7 @@ def cmd_report(args):
         if got:
             md += [f"Mean learned J by distance |j−k| (T={T_curve}): {got[1]}", "",
                    f"![couplings]({got[0].name})", ""]
+    md += _verdict(rows)
     walls = [r["summary"].get("wall_time_s", 0.0) for r in rows]
     md += [f"{len(rows)} runs, {sum(walls) / 60:.1f} min of training in all.", ""]
     text = "\n".join(md)
