@@ -97,9 +97,10 @@ def config_for(task, T, ffn, mode, seed, quick):
     return cfg
 
 
-def plan(tasks, quick, seeds, extras="yes"):
+def plan(tasks, quick, seeds, extras="yes", modes=None):
     """[((task, T, ffn), mode, seed)] in priority order: the four modes everywhere, then (with
-    `extras` "yes" or "only") the EXTRAS on bracket matching without FFN at T = 12 and 16."""
+    `extras` "yes" or "only") the EXTRAS on bracket matching without FFN at T = 12 and 16.
+    `modes`, if given, keeps only those modes and variants."""
     gs = groups(tasks, quick)
     todo = []
     if extras != "only":
@@ -108,12 +109,12 @@ def plan(tasks, quick, seeds, extras="yes"):
         todo += [(g, mode, seed) for g in gs
                  if g[0] == "brackets" and g[2] == 0 and (quick or g[1] in (12, 16))
                  for seed in range(seeds) for mode in EXTRAS]
-    return todo
+    return [t for t in todo if modes is None or t[1] in modes]
 
 
 def cmd_run(args):
     runs = pathlib.Path(args.runs)
-    todo = plan(args.tasks, args.quick, args.seeds, args.extras)
+    todo = plan(args.tasks, args.quick, args.seeds, args.extras, args.modes)
     done = sum((runs / run_name(*g, m, s) / "summary.json").exists() for g, m, s in todo)
     print(f"{len(todo)} runs, {done} already finished, writing to {runs}", flush=True)
     t_all = time.perf_counter()
@@ -537,8 +538,16 @@ def main(argv=None):
     p.add_argument("--extras", choices=("yes", "no", "only"), default="yes",
                    help=f"also train the variants {sorted(EXTRAS)} (default), not them, or "
                    "only them")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated modes and variants to train (default all), e.g. "
+                   "softmaxL,hJL,hL")
     args = p.parse_args(argv)
     args.tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if args.modes is not None:
+        args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+        unknown = [m for m in args.modes if m not in MODES + tuple(EXTRAS)]
+        if unknown:
+            p.error(f"unknown mode(s) {unknown}; choose from {list(MODES + tuple(EXTRAS))}.")
     bad = [t for t in args.tasks if t not in CONFIGS]
     if bad:
         p.error(f"unknown task(s) {bad}; choose from {sorted(CONFIGS)}.")

@@ -48,3 +48,17 @@ def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     # noise with 64 samples is of order 1/sqrt(64)
     assert float(rows["mean_field"][0]) < 1e-3
     assert 1e-3 < float(rows["gibbs"][0]) < 0.2
+
+
+def test_boltzmann_ablation_plan():
+    """The sweep's order and filters (no training)."""
+    ablation = _load("boltzmann_ablation")
+    full = ablation.plan(("brackets", "chars"), False, 3)
+    # the seed's headline first: bracket matching without FFN at T = 12, every mode per seed
+    assert [m for _, m, _ in full[:4]] == list(ablation.MODES)
+    assert {g for g, _, _ in full[:12]} == {("brackets", 12, 0)}
+    assert len(full) == (6 + 3) * 3 * len(ablation.MODES) + 2 * 3 * len(ablation.EXTRAS)
+    only = ablation.plan(("brackets",), False, 6, "only", ("hJL", "softmaxL"))
+    assert {m for _, m, _ in only} == {"hJL", "softmaxL"}
+    assert {g for g, _, _ in only} == {("brackets", 12, 0), ("brackets", 16, 0)}
+    assert len(only) == 2 * 6 * 2
