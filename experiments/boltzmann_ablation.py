@@ -470,6 +470,7 @@ def cmd_approx(args):
     ns = 64 if args.quick else 1024
     # label -> (inference, options); "dqa" is the seed's anneal (200 Trotter steps, time 5),
     # the "dqa τ=" rows scan the anneal time, which sets the samples' effective temperature
+    taus = DQA_TIMES[:1] if args.quick else DQA_TIMES
     settings = {
         "exact": ("exact", {}),
         "mean_field": ("mean_field", {}),
@@ -477,7 +478,7 @@ def cmd_approx(args):
         "gibbs": ("gibbs", dict(num_samples=ns, burn_in=64)),
         "parallel_tempering": ("parallel_tempering", dict(num_samples=ns, burn_in=64)),
         "dqa": ("dqa", dict(num_samples=ns)),
-        **{f"dqa τ={tau:g}": ("dqa", dict(num_samples=ns, dqa_time=tau)) for tau in (DQA_TIMES[:1] if args.quick else DQA_TIMES)},
+        **{f"dqa τ={tau:g}": ("dqa", dict(num_samples=ns, dqa_time=tau)) for tau in taus},
     }
     results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
