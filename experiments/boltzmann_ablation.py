@@ -174,6 +174,12 @@ def _gap(value, base, metric):
     return value - base if metric == "accuracy" else 100.0 * (base - value) / base
 
 
+def _seed_values(rows, task, ffn, T, mode, metric, scale):
+    """{seed: scale * final metric} of the finished runs of one (task, ffn, T, mode)."""
+    return {r["seed"]: scale * r["metrics"][metric] for r in rows
+            if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, mode)}
+
+
 def _table(rows, task, ffn, metric, scale, failed):
     Ts = sorted({r["T"] for r in rows if r["task"] == task and r["ffn"] == ffn}
                 | {k[1] for k in failed if (k[0], k[2]) == (task, ffn)})
@@ -187,11 +193,8 @@ def _table(rows, task, ffn, metric, scale, failed):
     stats = {}
     for T in Ts:
         cells = []
-        by_seed = {}  # mode -> {seed: value}
         for mode in modes:
-            by_seed[mode] = {r["seed"]: scale * r["metrics"][metric] for r in rows
-                             if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, mode)}
-            vals = list(by_seed[mode].values())
+            vals = list(_seed_values(rows, task, ffn, T, mode, metric, scale).values())
             n_failed = failed.get((task, T, ffn, mode), 0)
             if not vals:
                 cells.append(f"— ({n_failed} diverged)" if n_failed else "—")
@@ -201,12 +204,10 @@ def _table(rows, task, ffn, metric, scale, failed):
             cell = f"{mu:.2f} ± {sd:.2f} (n={n})"
             base_mode = (EXTRAS[mode][3] if mode in EXTRAS
                          else None if mode == "softmax" else "softmax")
-            base = by_seed.get(base_mode, {})
-            if base:
-                # per-seed (paired) gaps: same seed = same data order and initial projections
-                common = sorted(set(base) & set(by_seed[mode]))
-                gaps = [_gap(by_seed[mode][k], base[k], metric) for k in common]
-                g_mu, g_sd, g_n = _stat(gaps) if gaps else (float("nan"), 0.0, 0)
+            gaps = (_paired_gaps(rows, task, ffn, T, mode, base_mode, metric, scale)
+                    if base_mode else [])
+            if gaps:
+                g_mu, g_sd, g_n = _stat(gaps)
                 spread = f" ± {g_sd:.2f}" if g_n > 1 else ""
                 cell += f" ({g_mu:+.2f}{spread} {unit})"
             if n_failed:
@@ -354,11 +355,10 @@ def _t975(df):
 
 
 def _paired_gaps(rows, task, ffn, T, mode, base, metric, scale):
-    def values(m):
-        return {r["seed"]: scale * r["metrics"][metric] for r in rows
-                if (r["task"], r["ffn"], r["T"], r["mode"]) == (task, ffn, T, m)}
-
-    a, b = values(mode), values(base)
+    """Per-seed gaps of `mode` to `base` over the seeds both finished (same seed = same data
+    order and initial projections)."""
+    a = _seed_values(rows, task, ffn, T, mode, metric, scale)
+    b = _seed_values(rows, task, ffn, T, base, metric, scale)
     return [_gap(a[k], b[k], metric) for k in sorted(set(a) & set(b))]
 
 
