@@ -14,11 +14,13 @@ priority (bracket matching without FFN at T=12 and 16 first: the seed's headline
 within a group, seed by seed over all modes, so a partial sweep still compares every mode.
 After the four modes, the variants in `EXTRAS` (h+J with the couplings' learning rate raised
 to the main one; softmax, h+J and h-only with 4x the steps) are trained on bracket matching
-without FFN at T = 12 and 16 (`--extras no` skips them, `--extras only` trains just them).
+without FFN at T = 12 and 16 (`--extras no` skips them, `--extras only` trains just them;
+`--modes softmaxL,hJL` trains only the named modes and variants).
 
 `report` writes `--results` (default `experiments/results/boltzmann`): `ablation.md` (mean ±
 std over seeds, gaps to softmax), accuracy/perplexity-vs-T figures, learning curves at T=12,
-and the learned couplings of the hJ runs (heatmap averaged over seeds, mean J vs |j−k|).
+the learned couplings of the hJ runs (heatmap averaged over seeds, mean J vs |j−k|), and a
+table of paired gaps to softmax with 95% confidence intervals beside the seed's gaps.
 `approx` loads the bracket hJ model (T=12, no FFN, seed 0), takes its fields and couplings on
 validation sequences and compares mean_field, tap, gibbs, parallel_tempering and dqa (the
 seed's anneal and a scan of anneal times) with exact inference.
