@@ -11,9 +11,10 @@ from ._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from ._experiment import build_dataset, build_model, build_optimizer, report, run
+from ._experiment import build_dataset, build_model, build_optimizer, run
 from ._figures import plot_run, plot_runs
 from ._loop import fit
+from ._report import report
 from ._step import (
     evaluate,
     init_opt_state,
