@@ -52,6 +52,8 @@ def test_brackets_fillers_present_and_deterministic():
     other = data.BracketMatching(seq_len=12, batch_size=32, seed=2).batch(2)
     assert not np.array_equal(other["inputs"], a["inputs"])
     assert 0.0 < ds.chance_accuracy(a) < ds.nearest_open_baseline(a) < 1.0
+    assert ds.baselines(a) == {"chance_accuracy": ds.chance_accuracy(a),
+                               "nearest_open_accuracy": ds.nearest_open_baseline(a)}
 
 
 def test_brackets_bad_arguments():
@@ -76,6 +78,13 @@ def test_chars_split_and_windows():
     assert window in TEXT[: len(ds.train_data)]
     assert ds.decode(ds.encode("to be")) == "to be"
     np.testing.assert_array_equal(ds.batch(7, "val")["inputs"], ds.batch(7, "val")["inputs"])
+    # unigram perplexity: between 1 and the vocabulary size, equal to a direct count
+    ppl = ds.baselines(b)["unigram_perplexity"]
+    assert 1.0 < ppl < ds.vocab_size
+    freq = {c: (TEXT[: len(ds.train_data)].count(c) + 1) / (len(ds.train_data) + ds.vocab_size)
+            for c in ds.chars}
+    direct = np.exp(-np.mean([np.log(freq[ds.chars[t]]) for t in b["targets"].ravel()]))
+    np.testing.assert_allclose(ppl, direct, rtol=1e-10)
 
 
 def test_chars_from_file_and_missing(tmp_path, monkeypatch):

@@ -132,6 +132,7 @@ def test_early_stopping_and_outputs(tmp_path):
     s = train.run(cfg, tmp_path)
     assert s["stopped_early"] and s["steps"] == 8  # evals at 4 (best) and 8 (no better)
     assert set(s["metrics"]) >= {"loss", "accuracy"}
+    assert set(s["baselines"]) == {"chance_accuracy", "nearest_open_accuracy"}
     for name in ("summary.json", "metrics.jsonl", "config.yaml", "loss.png", "accuracy.png"):
         assert (tmp_path / name).exists()
     assert C.load_config(tmp_path / "config.yaml") == cfg

@@ -1,18 +1,22 @@
 """Datasets and generators that produce deterministic batches of numpy arrays.
 
-Every dataset has `vocab_size`, `num_classes`, `seq_len`, `kind` (`"tagging"` or `"lm"`) and
-`batch(index, split) -> {"inputs", "targets", "mask"}`, where batch `index` depends only on the
-seed, the split and the index (so a resumed run sees the same data).
+Every dataset follows the `Dataset` protocol: `vocab_size`, `num_classes`, `seq_len`, `kind`
+(`"tagging"` or `"lm"`), `batch(index, split) -> {"inputs", "targets", "mask"}`, where batch
+`index` depends only on the seed, the split and the index (so a resumed run sees the same
+data), and `baselines(batch) -> dict[str, float]`: reference scores on a batch (chance level
+and the like; `{}` if none), which the trainer records in each run's summary.
 """
 
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
+from ._protocol import Dataset
 from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, resolve_text_path
 
 __all__ = [
     "BRACKET_VOCAB_SIZE",
     "BracketMatching",
     "CharText",
+    "Dataset",
     "FETCHABLE",
     "cache_dir",
     "dataset_path",

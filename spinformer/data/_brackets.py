@@ -55,7 +55,8 @@ class BracketMatching:
     - `seed`: batch `i` of split `s` depends only on `(seed, s, i)`.
 
     `batch(i, split)` returns a dict of numpy arrays: `inputs (B, T)` int32, `targets (B, T)`
-    int32 (0 where unused), `mask (B, T)` float32 (1 at closing brackets).
+    int32 (0 where unused), `mask (B, T)` float32 (1 at closing brackets). `baselines(batch)`
+    gives the chance and nearest-opening-bracket accuracies.
     """
 
     kind = "tagging"
@@ -96,3 +97,10 @@ class BracketMatching:
         bracket (what a causal model knows without learning)."""
         t_idx = np.arange(batch["mask"].shape[1])[None, :]
         return float((batch["mask"] / np.maximum(t_idx, 1)).sum() / batch["mask"].sum())
+
+    def baselines(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """`chance_accuracy` and `nearest_open_accuracy` on `batch` (see the two methods)."""
+        return {
+            "chance_accuracy": self.chance_accuracy(batch),
+            "nearest_open_accuracy": self.nearest_open_baseline(batch),
+        }

@@ -111,7 +111,8 @@ class CharText:
     - `max_chars`: use only the first `max_chars` characters (None: all).
 
     `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters) and
-    `mask (B, T)` of ones.
+    `mask (B, T)` of ones. `baselines(batch)` gives the perplexity of the training split's
+    character frequencies on the batch.
     """
 
     kind = "lm"
@@ -161,3 +162,12 @@ class CharText:
             "mask": np.ones((self.batch_size, self.seq_len), np.float32),
         }
 
+    def baselines(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """`unigram_perplexity`: the perplexity on `batch`'s masked targets of the training
+        split's character frequencies (add-one smoothed), which a model ignoring context
+        reaches at best."""
+        counts = np.bincount(self.train_data, minlength=self.vocab_size) + 1.0
+        logp = np.log(counts / counts.sum())
+        mask = batch["mask"]
+        nll = -(logp[batch["targets"]] * mask).sum() / max(float(mask.sum()), 1.0)
+        return {"unigram_perplexity": float(np.exp(nll))}

@@ -91,11 +91,11 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     out.mkdir(parents=True, exist_ok=True)
     _config.save_config(cfg, saved)
     t = cfg.train
-    extra = {"num_params": num_params(model), "description": cfg.description}
-    if hasattr(dataset, "chance_accuracy"):
-        b = dataset.batch(0, "val")
-        extra["chance_accuracy"] = dataset.chance_accuracy(b)
-        extra["nearest_open_accuracy"] = dataset.nearest_open_baseline(b)
+    extra = {
+        "num_params": num_params(model),
+        "description": cfg.description,
+        "baselines": dataset.baselines(dataset.batch(0, "val")),
+    }
     _, summary = fit(
         model, optimizer, dataset, out_dir=out, steps=t.steps, seed=t.seed,
         eval_batches=cfg.data.eval_batches, log_every=t.log_every, eval_every=t.eval_every,

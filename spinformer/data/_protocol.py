@@ -1,0 +1,31 @@
+"""What the trainer needs from a dataset."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Dataset(Protocol):
+    """The interface `spinformer.train` uses; `BracketMatching` and `CharText` implement it.
+
+    - `kind`: `"tagging"` (one class per position; a `Tagger`) or `"lm"` (next token; a
+      `CausalLM`).
+    - `vocab_size`, `num_classes`, `seq_len`: sizes the model is built with.
+    - `batch(index, split)`: `{"inputs" (B, T) int32, "targets" (B, T) int32,
+      "mask" (B, T) float32}` as numpy arrays; it depends only on the seed, the split and
+      the index, so a resumed run sees the same data.
+    - `baselines(batch)`: reference scores a model should beat on that batch, by name
+      (e.g. `{"chance_accuracy": 0.2}`); `{}` when the dataset has none. The trainer stores
+      them in `summary.json` under `"baselines"`.
+    """
+
+    kind: str
+    vocab_size: int
+    num_classes: int
+    seq_len: int
+
+    def batch(self, index: int, split: str = "train") -> dict[str, np.ndarray]: ...
+
+    def baselines(self, batch: dict[str, np.ndarray]) -> dict[str, float]: ...
