@@ -50,6 +50,39 @@ def test_make_step_learns_and_groups():
     assert set(ev) >= {"loss", "accuracy", "perplexity"} and 0 <= ev["accuracy"] <= 1
 
 
+def test_step_key_is_explicit_and_compiles_once(tmp_path):
+    traces = []  # one entry per trace of the model: was it called with a key?
+
+    class Counted(eqx.Module):
+        inner: eqx.Module
+
+        def __call__(self, x, *, key=None, return_diagnostics=False):
+            traces.append(key is not None)
+            return self.inner(x, key=key, return_diagnostics=return_diagnostics)
+
+    cfg = _tiny_cfg(**{"model.dropout": "0.5", "train.steps": "6"})
+    ds = train.build_dataset(cfg)
+    model = Counted(train.build_model(cfg, ds, key=jax.random.key(0)))
+    opt = train.build_optimizer(cfg)
+    train.fit(model, opt, ds, out_dir=tmp_path, steps=6, eval_every=3, progress=False)
+    assert traces.count(True) == 1  # six training steps, one trace
+    # the key decides the dropout mask: same key, same step; another key, another step
+    step = train.jit_step(opt)
+    state = train.init_opt_state(opt, model)
+    batch = {k: jnp.asarray(v) for k, v in ds.batch(0).items()}
+    k0, k1 = jax.random.key(1), jax.random.key(2)
+    a, b, c = (float(step(model, state, batch, k)[2]["loss"]) for k in (k0, k0, k1))
+    assert a == b and a != c
+    assert traces.count(True) == 2
+
+
+def test_divergence_names_the_checkpoint(tmp_path):
+    cfg = _tiny_cfg(**{"train.lr": "1e38", "train.warmup_steps": "0", "train.log_every": "1",
+                       "train.checkpoint_every": "1", "train.steps": "4"})
+    with pytest.raises(FloatingPointError, match="diverged at step 2.*ckpt-00000001.*Lower"):
+        train.run(cfg, tmp_path)
+
+
 def test_schedule_warmup_cosine():
     s = train.make_schedule(1.0, steps=100, warmup_steps=10, min_lr_ratio=0.1)
     assert float(s(0)) == 0.0 and abs(float(s(10)) - 1.0) < 1e-6

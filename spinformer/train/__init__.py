@@ -18,6 +18,7 @@ from ._report import report
 from ._step import (
     evaluate,
     init_opt_state,
+    jit_step,
     loss_fn,
     make_optimizer,
     make_schedule,
@@ -34,6 +35,7 @@ __all__ = [
     "evaluate",
     "fit",
     "init_opt_state",
+    "jit_step",
     "list_checkpoints",
     "load_latest",
     "loss_fn",

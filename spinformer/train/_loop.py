@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 import time
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ from tqdm import tqdm
 
 from . import _checkpoint as ckpt
 from ._figures import plot_run
-from ._step import evaluate, init_opt_state, make_step, to_device
+from ._step import evaluate, init_opt_state, jit_step, to_device
 
 
 def _read_records(path: pathlib.Path) -> list[dict]:
@@ -36,6 +37,60 @@ def _write_records(path: pathlib.Path, records: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(path)
+
+
+PROGRESS_EVERY_S = 30.0
+
+
+class _Progress:
+    """A tqdm bar on a terminal; elsewhere (a log file, CI) a plain line every
+    `PROGRESS_EVERY_S` seconds and one at the end."""
+
+    def __init__(self, name: str, total: int, initial: int, *, enabled: bool):
+        self.name, self.total = name, total
+        self.interactive = enabled and sys.stderr.isatty()
+        self.plain = enabled and not self.interactive
+        self.bar = tqdm(total=total, initial=initial, disable=not self.interactive, desc=name,
+                        dynamic_ncols=True)
+        self.last_print = time.perf_counter()
+        self.step, self.rec, self.printed = initial, None, initial
+
+    def update(self, step: int, rec: Optional[dict] = None) -> None:
+        self.bar.update(step - self.step)
+        self.step = step
+        if rec is None:
+            return
+        self.rec = rec
+        self.bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}")
+        if self.plain and time.perf_counter() - self.last_print >= PROGRESS_EVERY_S:
+            self._print()
+
+    def _print(self) -> None:
+        r = self.rec or {}
+        metrics = "".join(f" {k} {r[k]:.4g}" for k in ("loss", "accuracy") if k in r)
+        print(f"{self.name}: step {self.step}/{self.total}{metrics} ({r.get('time_s', 0):.0f} s)",
+              file=sys.stderr, flush=True)
+        self.last_print, self.printed = time.perf_counter(), self.step
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.plain and self.rec is not None and self.printed != self.step:
+            self._print()
+
+
+def _divergence_message(rec: dict, out: pathlib.Path) -> str:
+    """What diverged, where to restart from, and what to look at."""
+    last = ckpt.list_checkpoints(out)
+    where = (f"the last good checkpoint is {last[-1][1]} (step {last[-1][0]})" if last
+             else "no checkpoint was written before it")
+    failures = rec.get("solver_failures")
+    solver = (f"; {failures:.0%} of this step's forward solves failed" if failures else "")
+    return (
+        f"training diverged at step {rec['step']}: the training loss is {rec['loss']} "
+        f"(gradient norm {rec.get('grad_norm', float('nan')):.3g}){solver}; {where}. "
+        "Lower train.lr (or set train.grad_clip), and check the solver_steps and "
+        f"solver_failures columns of {out / 'metrics.jsonl'}."
+    )
 
 
 def fit(
@@ -70,6 +125,8 @@ def fit(
       `keep_checkpoints`.
     - `resume`: continue from the newest intact checkpoint in `out_dir`; the result equals an
       uninterrupted run's.
+    - `progress`: show progress on stderr: a tqdm bar when stderr is a terminal, otherwise
+      one line every `PROGRESS_EVERY_S` seconds (a log file gets no bar redraws).
 
     **Returns:** `(model, summary)` where `summary` is what `summary.json` holds.
     """
@@ -117,14 +174,15 @@ def fit(
 
     step = start
     last_eval: Optional[dict] = None
-    bar = tqdm(total=steps, initial=start, disable=not progress, desc=out.name, dynamic_ncols=True)
+    train_step = jit_step(optimizer)  # compiled once for the whole run
+    show = _Progress(out.name, steps, start, enabled=progress)
     try:
         while step < steps and not es["stopped_early"]:
             batch = to_device(dataset.batch(step, "train"))
-            batch["key"] = jax.random.fold_in(base_key, step)
-            model, opt_state, metrics = make_step(model, opt_state, batch, optimizer=optimizer)
+            key = jax.random.fold_in(base_key, step)
+            model, opt_state, metrics = train_step(model, opt_state, batch, key)
             step += 1
-            bar.update(1)
+            rec = None
             if step % log_every == 0 or step == steps:
                 rec = {"step": step, "split": "train",
                        **{k: float(v) for k, v in metrics.items()}}
@@ -133,13 +191,8 @@ def fit(
                 rec["time_s"] = round(now(), 3)
                 log(rec)
                 if not math.isfinite(rec["loss"]):
-                    last = ckpt.list_checkpoints(out)
-                    where = f"; the last good checkpoint is {last[-1][1]}" if last else ""
-                    raise FloatingPointError(
-                        f"training diverged at step {step}: the loss is {rec['loss']}{where}. "
-                        "Lower train.lr, raise model.spin.max_steps, or use a smaller beta."
-                    )
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}")
+                    raise FloatingPointError(_divergence_message(rec, out))
+            show.update(step, rec)
             if step % eval_every == 0 or step == steps:
                 last_eval = evaluate(model, eval_set)
                 log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
@@ -152,7 +205,7 @@ def fit(
             if checkpoint_every and step % checkpoint_every == 0:
                 save(step)
     finally:
-        bar.close()
+        show.close()
 
     records = _read_records(metrics_path)
     if last_eval is None:

@@ -12,7 +12,8 @@ import numpy as np
 import optax
 from jaxtyping import Array, PyTree
 
-from ..nn import param_labels
+from .. import solvers
+from ..nn import Diagnostics, param_labels
 
 
 def _forward(model, inputs, key):
@@ -28,11 +29,11 @@ def _forward(model, inputs, key):
 
 def _diag_metrics(diag) -> dict[str, Array]:
     out = {}
-    if isinstance(diag, dict):
-        if "num_steps" in diag:
-            out["solver_steps"] = jnp.mean(diag["num_steps"].astype(jnp.float32))
-        if "result" in diag:
-            out["solver_failures"] = jnp.mean((diag["result"] != 0).astype(jnp.float32))
+    stats = diag.solver if isinstance(diag, Diagnostics) else None
+    if stats is not None:
+        out["solver_steps"] = jnp.mean(stats.num_steps.astype(jnp.float32))
+        failed = stats.result != solvers.RESULTS.successful
+        out["solver_failures"] = jnp.mean(failed.astype(jnp.float32))
     return out
 
 
@@ -64,21 +65,47 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
     return loss, metrics
 
 
-@eqx.filter_jit
-def make_step(model, opt_state, batch: dict[str, Array], *, optimizer: optax.GradientTransformation):
-    """One AdamW step: `(model, opt_state, batch) -> (model, opt_state, metrics)`.
-
-    `batch` may hold a `"key"` (PRNG key for dropout). Pure; metrics stay on the device until
-    the caller reads them.
-    """
-    key = batch.get("key")
-    data = {k: v for k, v in batch.items() if k != "key"}
-    (loss, metrics), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, data, key)
+def _step(model, opt_state, batch, key=None, *, optimizer):
+    (loss, metrics), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, batch, key)
     params = eqx.filter(model, eqx.is_inexact_array)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     model = eqx.apply_updates(model, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     return model, opt_state, metrics
+
+
+@eqx.filter_jit
+def make_step(
+    model,
+    opt_state,
+    batch: dict[str, Array],
+    key: Optional[Array] = None,
+    *,
+    optimizer: optax.GradientTransformation,
+):
+    """One optimizer step: `(model, opt_state, batch, key) -> (model, opt_state, metrics)`.
+
+    **Arguments:**
+
+    - `model`, `opt_state`: the model and `init_opt_state(optimizer, model)`.
+    - `batch`: `inputs`, `targets`, `mask` (see `loss_fn`).
+    - `key`: PRNG key for dropout (None: no dropout).
+    - `optimizer`: an optax optimizer; a static argument, so each optimizer object compiles
+      the step once. A loop should use `jit_step(optimizer)` instead.
+
+    **Returns:** the updated model and optimizer state, and `metrics` (`loss_fn`'s and
+    `grad_norm`), which stay on the device until the caller reads them.
+    """
+    return _step(model, opt_state, batch, key, optimizer=optimizer)
+
+
+def jit_step(optimizer: optax.GradientTransformation):
+    """`make_step` with `optimizer` bound: `step(model, opt_state, batch, key=None)`.
+
+    Jitted once: it compiles on its first call and reuses that for every later call with
+    arrays of the same shapes; the compiled step is freed with the returned function.
+    """
+    return eqx.filter_jit(functools.partial(_step, optimizer=optimizer))
 
 
 @eqx.filter_jit
@@ -124,7 +151,6 @@ def make_schedule(peak: float, steps: int, warmup_steps: int, min_lr_ratio: floa
     )
 
 
-@functools.lru_cache(maxsize=32)
 def make_optimizer(
     *,
     steps: int,
@@ -139,10 +165,7 @@ def make_optimizer(
     """AdamW with warmup + cosine schedule, optional global-norm clipping, and a separate
     learning rate and weight decay for the coupling parameters (labelled by
     `spinformer.nn.param_labels`: e.g. the Ising couplings J of Boltzmann attention, seed
-    §4.1's LR_J). `None` for `coupling_lr` / `coupling_weight_decay` means the defaults'.
-
-    Cached: equal arguments give the same optimizer object, so `make_step` (which takes it as
-    a static argument) is not recompiled for every run in a process."""
+    §4.1's LR_J). `None` for `coupling_lr` / `coupling_weight_decay` means the defaults'."""
     groups = {
         "default": optax.adamw(make_schedule(lr, steps, warmup_steps, min_lr_ratio),
                                weight_decay=weight_decay),
