@@ -3,9 +3,14 @@
 ```python
 from spinformer import solvers
 
-sol = solvers.fixed_point(lambda m, h: jnp.tanh(h + 0.5 * m), jnp.zeros(3), h)
+sol = solvers.fixed_point(lambda m, h: jnp.tanh(h + 0.5 * m), jnp.zeros(3), h,
+                          solver=solvers.Anderson(tol=1e-6))
 sol.value, sol.num_steps, sol.residual, sol.result == solvers.RESULTS.successful
 ```
+
+Options are objects, not strings: a solver carries its stopping rule (`tol`, `max_steps`,
+`norm`), an adjoint says how gradients flow, a linear solver how the adjoint system is
+solved.
 """
 
 from ._adjoint import (
@@ -18,8 +23,11 @@ from ._adjoint import (
     spectral_radius,
 )
 from ._fixed_point import fixed_point, root_find
+from ._linear import AbstractLinearSolver, BiCGStab, GMRES
 from ._results import RESULTS, Solution
 from ._solvers import (
+    AbstractFixedPointSolver,
+    AbstractRootFinder,
     AbstractSolver,
     Anderson,
     Broyden,
@@ -32,9 +40,14 @@ from ._solvers import (
 
 __all__ = [
     "AbstractAdjoint",
+    "AbstractFixedPointSolver",
+    "AbstractLinearSolver",
+    "AbstractRootFinder",
     "AbstractSolver",
     "Anderson",
+    "BiCGStab",
     "Broyden",
+    "GMRES",
     "Implicit",
     "JaxoptAnderson",
     "Newton",

@@ -8,15 +8,21 @@ output is connected to the inputs for reverse-mode differentiation.
 from __future__ import annotations
 
 import abc
-import math
-from typing import Callable
+from typing import Callable, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._solvers import Anderson, _Problem, l2_norm
+from ._linear import AbstractLinearSolver, linear_solve
+from ._solvers import (
+    AbstractFixedPointSolver,
+    Anderson,
+    _check_damping,
+    _FixedPointProblem,
+    l2_norm,
+)
 
 
 def _stop(tree):
@@ -35,9 +41,14 @@ class AbstractAdjoint(eqx.Module):
 class Unrolled(AbstractAdjoint):
     """Backpropagate through every iteration of the forward loop.
 
-    Exact gradients of the computation actually performed; memory grows linearly with the
-    number of iterations (the loop is a `lax.scan` over `max_steps` whose steps after
-    convergence are skipped). The reference the implicit gradients are tested against.
+    Exact gradients of the computation actually performed: the reference the implicit
+    gradients are tested against. The loop stops as soon as the solve converges (as without
+    gradients); its iterates are stored at checkpoints and recomputed in the backward pass
+    (`equinox.internal.while_loop(kind="checkpointed")`, the loop optimistix's
+    `RecursiveCheckpointAdjoint` uses), so memory grows only logarithmically with the
+    steps taken. Reverse mode only (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`,
+    `jax.jacfwd`) is available through `Phantom`, `OneStep` or plain autodiff of a loop
+    you unroll yourself.
     """
 
     def attach(self, prob, args, run_loop, throw):
@@ -55,30 +66,31 @@ class Implicit(AbstractAdjoint):
 
     **Arguments:**
 
-    - `linear_solver`: `"anderson"` (default: Anderson acceleration of the Richardson
-      iteration with `restart` history entries, a Krylov-like method with little overhead),
-      `"gmres"` (JAX's batched GMRES, which always runs whole cycles of `restart` products),
-      `"bicgstab"`, or `"picard"` (the plain Neumann iteration w ← ḡ + (∂g/∂x)ᵀ w, which
-      needs a contractive map).
+    - `linear_solver`: how the adjoint system is solved: a fixed-point solver run on the
+      Richardson map w ← w + (b − Aᵀw) — `Anderson(history=5, safeguard=False)` (the default:
+      a Krylov-like method with little overhead) or `Picard()` (the Neumann series, which
+      needs a contractive map) — or a Krylov solver, `GMRES(restart=...)` or `BiCGStab()`.
+      A fixed-point solver's own `tol`, `max_steps` and `norm` are replaced by these.
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
-    - `restart`: Krylov subspace size for GMRES; history size for `"anderson"`.
 
     A backward solve that misses its tolerance (checked on the true residual, after the
     solve) raises when the forward call had `throw=True`, and otherwise makes the gradients
     NaN. It never returns silent zeros.
     """
 
-    linear_solver: str = "anderson"
+    linear_solver: Union[AbstractLinearSolver, AbstractFixedPointSolver] = Anderson(
+        history=5, safeguard=False
+    )
     tol: float = 1e-5
-    max_steps: int = 200
-    restart: int = 5
+    max_steps: int = eqx.field(default=200, static=True)
 
     def __check_init__(self):
-        if self.linear_solver not in ("gmres", "bicgstab", "picard", "anderson"):
+        if not isinstance(self.linear_solver, (AbstractLinearSolver, AbstractFixedPointSolver)):
             raise ValueError(
-                f"Implicit(linear_solver={self.linear_solver!r}): choose 'gmres', "
-                "'bicgstab', 'picard' or 'anderson'."
+                f"Implicit(linear_solver={self.linear_solver!r}) must be a linear solver "
+                "(solvers.GMRES(), solvers.BiCGStab()) or a fixed-point solver "
+                "(solvers.Anderson(), solvers.Picard()) run on the Richardson map."
             )
         if not self.tol > 0:
             raise ValueError(f"Implicit(tol={self.tol}) must be > 0.")
@@ -90,66 +102,22 @@ class Implicit(AbstractAdjoint):
         value = _implicit_identity((prob, args), value, self, throw)
         return value, stats
 
-    # The adjoint linear solve: A^T w = b with A = I - dg/dx (fixed point) or dF/dx (root).
-    def solve_transpose(self, kind, vjp_x, b):
-        if kind == "fixed_point":
+    def solve_transpose(self, prob, vjp_x, b):
+        """Solve Aᵀ w = b with A = I − ∂g/∂x (fixed point) or ∂F/∂x (root); `(w, ok)`."""
+        if isinstance(prob, _FixedPointProblem):
             def matvec(w):
                 return w - vjp_x(w)
         else:
-            def matvec(w):
-                return vjp_x(w)
-
-        if self.linear_solver == "gmres":
-            restart = max(1, min(self.restart, b.shape[0]))
-            w, _ = jax.scipy.sparse.linalg.gmres(
-                matvec, b, x0=b, tol=self.tol, restart=restart,
-                maxiter=max(1, math.ceil(self.max_steps / restart)),
-                solve_method="batched",
-            )
-        elif self.linear_solver == "bicgstab":
-            w, _ = jax.scipy.sparse.linalg.bicgstab(
-                matvec, b, x0=b, tol=self.tol, maxiter=self.max_steps
-            )
-        elif self.linear_solver == "anderson":
-            # Anderson on the Richardson map w <- w + (b - A^T w); for a linear map this is a
-            # restarted-GMRES-like Krylov method with a short, cheap history.
-            prob = _Problem(lambda w, _: w + (b - matvec(w)), "fixed_point", l2_norm)
-            solver = Anderson(history=self.restart, safeguard=False)
-            target = self.tol * l2_norm(b)
-
-            def cond(c):
-                state, k = c
-                return (k < self.max_steps) & (state.best_rnorm > target)
-
-            def body(c):
-                state, k = c
-                return solver.step(prob, state, None), k + 1
-
-            state, _ = jax.lax.while_loop(cond, body, (solver.init(prob, b, None), 0))
-            w = state.best_x
-        else:
-            bnorm = l2_norm(b)
-
-            def cond(c):
-                w, r, k = c
-                return (k < self.max_steps) & (l2_norm(r) > self.tol * bnorm)
-
-            def body(c):
-                w, r, k = c
-                w = w + r  # Richardson / Neumann step: w <- b + (I - A^T) w
-                return w, b - matvec(w), k + 1
-
-            w, _, _ = jax.lax.while_loop(cond, body, (b, b - matvec(b), 0))
-        resid = l2_norm(matvec(w) - b)
-        ok = resid <= 10.0 * self.tol * l2_norm(b) + jnp.finfo(b.dtype).tiny
-        return w, ok & jnp.all(jnp.isfinite(w))
+            matvec = vjp_x
+        return linear_solve(self.linear_solver, matvec, b, tol=self.tol,
+                            max_steps=self.max_steps)
 
 
 _BACKWARD_MSG = (
     "Implicit adjoint: the backward linear solve did not reach its tolerance, so the "
     "gradient of this fixed point / root is unreliable (I - dg/dx may be near-singular: the "
     "fixed point is close to a bifurcation). Raise Implicit(max_steps=...), try "
-    "linear_solver='gmres' with a larger restart, use adjoint=Unrolled(), or pass "
+    "linear_solver=GMRES(restart=20), use adjoint=Unrolled(), or pass "
     "throw=False to receive NaN gradients instead of this error."
 )
 
@@ -178,8 +146,8 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
         return p.fn(x, a)
 
     _, vjp_x = jax.vjp(lambda x: fn_of(diff, x), value)
-    b = g_value if prob.kind == "fixed_point" else -g_value
-    w, ok = adjoint.solve_transpose(prob.kind, lambda v: vjp_x(v)[0], b)
+    b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
+    w, ok = adjoint.solve_transpose(prob, lambda v: vjp_x(v)[0], b)
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
@@ -190,8 +158,13 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
 
 
 class Phantom(AbstractAdjoint):
-    """Phantom gradients (Geng et al., 2021): backpropagate through `steps` damped steps
-    x ← (1 − damping)·x + damping·g(x) started at the (gradient-stopped) solution.
+    """Phantom gradients (Geng et al., "On Training Implicit Models", NeurIPS 2021):
+    backpropagate through `steps` damped steps x ← damping·x + (1 − damping)·g(x) started at
+    the (gradient-stopped) solution.
+
+    **Arguments:** `steps` ≥ 1; `damping` in [0, 1) with the meaning it has for every solver
+    (the fraction of the old iterate kept; 0 is the undamped map, and the paper's λ is
+    1 − damping).
 
     The forward value is exactly the solved x*; only the gradient is approximate. Cheap and
     memory-light; the error shrinks as `steps` grows for a contractive map. Fixed points only.
@@ -203,26 +176,26 @@ class Phantom(AbstractAdjoint):
     def __check_init__(self):
         if not (isinstance(self.steps, int) and self.steps >= 1):
             raise ValueError(f"Phantom(steps={self.steps!r}) must be an int >= 1.")
-        if not (0.0 < self.damping <= 1.0):
-            raise ValueError(f"Phantom(damping={self.damping}) must be in (0, 1].")
+        _check_damping("Phantom", self.damping)
 
     def attach(self, prob, args, run_loop, throw):
-        if prob.kind != "fixed_point":
+        if not isinstance(prob, _FixedPointProblem):
             raise ValueError("Phantom gradients are defined for fixed_point only.")
         value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
         y = jax.lax.stop_gradient(value)
         for _ in range(self.steps):
-            y = (1.0 - self.damping) * y + self.damping * prob.fn(y, args)
+            y = self.damping * y + (1.0 - self.damping) * prob.fn(y, args)
         return value + (y - jax.lax.stop_gradient(y)), stats
 
 
 class OneStep(AbstractAdjoint):
-    """Jacobian-free backprop (Fung et al., 2022): the gradient of one application of the map
+    """Jacobian-free backprop (Fung et al., "JFB: Jacobian-Free Backpropagation for Implicit
+    Networks", AAAI 2022): the gradient of one application of the map
     at the solution, ∂g(x*, θ)/∂θ, i.e. (I − ∂g/∂x)⁻¹ replaced by I. Fixed points only.
     """
 
     def attach(self, prob, args, run_loop, throw):
-        if prob.kind != "fixed_point":
+        if not isinstance(prob, _FixedPointProblem):
             raise ValueError("OneStep gradients are defined for fixed_point only.")
         value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
         y = prob.fn(jax.lax.stop_gradient(value), args)

@@ -1,26 +1,44 @@
-"""`fixed_point` and `root_find`: the drivers shared by every solver and adjoint."""
+"""`fixed_point` and `root_find`: the driver shared by every solver and adjoint."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Union
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit
-from ._results import RESULTS, Solution
-from ._solvers import _NORMS, AbstractSolver, Anderson, Newton, _Problem
+from ._results import _CODES, RESULTS, Solution
+from ._solvers import (
+    AbstractFixedPointSolver,
+    AbstractRootFinder,
+    AbstractSolver,
+    Anderson,
+    Newton,
+    _BestSoFar,
+    _FixedPointProblem,
+    _RootProblem,
+)
 
 
-def _check_inputs(name, fn, x0, args, solver, adjoint, tol, max_steps, norm):
+def _check_inputs(name, fn, x0, args, solver, adjoint, accepted):
     if not callable(fn):
         raise ValueError(f"{name}: `fn` must be callable as fn(x, args); got {type(fn).__name__}.")
-    if not isinstance(solver, AbstractSolver):
+    if not isinstance(solver, accepted):
+        if isinstance(solver, AbstractSolver):
+            raise ValueError(
+                f"{name}: {type(solver).__name__} iterates a map x = g(x), not a root "
+                "F(x) = 0. Use solver=Newton() or Broyden(), or write the problem as a fixed "
+                "point and call fixed_point."
+            )
         raise ValueError(
-            f"{name}: `solver` must be a spinformer solver such as Anderson() or Picard(); "
+            f"{name}: `solver` must be a spinformer solver such as Anderson() or Newton(); "
             f"got {solver!r}."
         )
     if not isinstance(adjoint, AbstractAdjoint):
@@ -28,12 +46,6 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, tol, max_steps, norm):
             f"{name}: `adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(); "
             f"got {adjoint!r}."
         )
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
-        raise ValueError(f"{name}: tol={tol!r} must be a non-negative number.")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"{name}: max_steps={max_steps!r} must be an int >= 1.")
-    if norm not in _NORMS:
-        raise ValueError(f"{name}: norm={norm!r}; choose one of {sorted(_NORMS)}.")
     leaves = jax.tree.leaves(x0)
     if not leaves:
         raise ValueError(f"{name}: x0 has no array leaves; pass the initial guess as arrays.")
@@ -64,72 +76,72 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, tol, max_steps, norm):
             )
 
 
-def _make_loop(solver, tol, max_steps, throw, name):
-    """Returns run_loop(prob, args, differentiable) -> (x, (num_steps, residual, result)).
+def _print_progress(name, step, rnorm, done):
+    """Host side of `verbose=True`: one line per step over every example of a vmapped solve."""
+    step, rnorm, done = (np.asarray(a) for a in (step, rnorm, done))
+    worst = float(np.max(np.where(np.isfinite(rnorm), rnorm, np.inf)))
+    print(
+        f"{name}: step {int(np.max(step))}  worst residual {worst:.3e}  "
+        f"converged {int(np.sum(done))}/{done.size}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return np.zeros(np.shape(step), np.int32)
+
+
+def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
+    """Returns run_loop(prob, args, differentiable, x0) -> (x, (num_steps, residual, result)).
 
     With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
     `_checked_gradient` repeats it in the backward pass.
     """
+    best = _BestSoFar(solver)
+    max_steps = solver.max_steps
 
     def run_loop(prob, args, *, differentiable, x0):
-        def status(state):
-            x, rn, nonfinite = solver.output(state)
-            return x, rn, nonfinite
+        def cond(carry):
+            state, k = carry
+            done, _ = best.terminate(state)
+            return ~done & (k < max_steps)
 
-        state0 = solver.init(prob, x0, args)
-        _, rn0, nf0 = status(state0)
-        dtype = rn0.dtype
-        tol_ = jnp.asarray(tol, dtype)
-
-        def done(state, k):
-            _, rn, nf = status(state)
-            return (rn <= tol_) | nf | (k >= max_steps)
-
-        if differentiable:
-
-            def body(carry, _):
-                state, k = carry
-                stop = done(state, k)
-                state = jax.lax.cond(
-                    stop, lambda s: s, lambda s: solver.step(prob, s, args), state
+        def body(carry):
+            state, k = carry
+            state = best.step(prob, state, args)
+            k = k + 1
+            if verbose:
+                done, _ = best.terminate(state)
+                _, rn, _ = best.best(state)
+                # pure_callback with expand_dims sees every example of a vmapped solve at once;
+                # its (zero) output feeds the counter so the call is not dropped as dead code.
+                k = k + jax.pure_callback(
+                    lambda *a: _print_progress(name, *a),
+                    jax.ShapeDtypeStruct((), jnp.int32), k, rn, done,
+                    vmap_method="expand_dims",
                 )
-                return (state, jnp.where(stop, k, k + 1)), None
+            return state, k
 
-            (state, k), _ = jax.lax.scan(
-                body, (state0, jnp.asarray(0, jnp.int32)), None, length=max_steps
-            )
+        init = (best.init(prob, x0, args), jnp.asarray(0, jnp.int32))
+        if differentiable:
+            state, k = eqxi.while_loop(cond, body, init, max_steps=max_steps,
+                                       kind="checkpointed")
         else:
-            def cond(carry):
-                state, k = carry
-                return ~done(state, k)
-
-            def body(carry):
-                state, k = carry
-                return solver.step(prob, state, args), k + 1
-
-            state, k = jax.lax.while_loop(
-                cond, body, (state0, jnp.asarray(0, jnp.int32))
-            )
-        x, rn, nf = status(state)
-        result = jnp.where(
-            rn <= tol_,
-            RESULTS.successful,
-            jnp.where(nf, RESULTS.nonfinite, RESULTS.max_steps_reached),
-        ).astype(jnp.int32)
+            state, k = jax.lax.while_loop(cond, body, init)
+        done, code = best.terminate(state)
+        x, rn, last = best.best(state)
+        result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
+        # the best iterate may meet the tolerance although the last one did not
+        result = jnp.where(rn <= solver.tol, RESULTS.successful, result).astype(jnp.int32)
         if throw:
             x = eqx.branched_error_if(
                 x, result != RESULTS.successful, result, _failure_messages(name)
             )
-        return x, (k, jax.lax.stop_gradient(rn), result)
+        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(last), result)
 
     return run_loop
 
 
 def _failure_messages(name):
-    return [
-        f"{name}: " + RESULTS.message(c) if c else ""
-        for c in (RESULTS.successful, RESULTS.max_steps_reached, RESULTS.nonfinite)
-    ]
+    return [f"{name}: " + RESULTS.message(c) if c else "" for c in range(len(_CODES))]
 
 
 @eqx.filter_custom_vjp
@@ -152,8 +164,22 @@ def _checked_gradient_bwd(residuals, g, perturbed, value, result, name):
     return eqx.branched_error_if(g, result != RESULTS.successful, result, _failure_messages(name))
 
 
-def _solve(name, kind, fn, x0, args, solver, adjoint, tol, max_steps, throw, norm):
-    _check_inputs(name, fn, x0, args, solver, adjoint, tol, max_steps, norm)
+def _as_array_scalars(args):
+    """Python floats and complex numbers in `args` become 0-d arrays, so a solve closed over
+    at a float (`fixed_point(fn, x0, 1.0)`) and differentiated (where it becomes a tracer)
+    sees the same structure. Ints and bools stay Python values (they may be shapes or flags).
+    """
+
+    def conv(a):
+        if isinstance(a, (float, complex)) and not isinstance(a, bool):
+            return jnp.asarray(a)
+        return a
+
+    return jax.tree.map(conv, args)
+
+
+@eqx.filter_jit
+def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose):
     x0_flat, unravel = ravel_pytree(x0)
     x0_flat = jax.lax.stop_gradient(x0_flat)
 
@@ -163,16 +189,16 @@ def _solve(name, kind, fn, x0, args, solver, adjoint, tol, max_steps, throw, nor
     # Closed-over arrays (e.g. model parameters captured by `fn`) become explicit leaves, so
     # the implicit adjoint can differentiate with respect to them.
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
-    prob = _Problem(fn_conv, kind, _NORMS[norm])
-    loop = _make_loop(solver, tol, max_steps, throw, name)
+    prob = problem_cls(fn_conv)
+    loop = _make_loop(solver, throw, verbose, name)
 
     def run_loop(p, a, *, differentiable):
         return loop(p, a, differentiable=differentiable, x0=x0_flat)
 
-    value, (k, rn, result) = adjoint.attach(prob, args, run_loop, throw)
+    value, (k, rn, last, result) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
         value = _checked_gradient(value, result, name)
-    return Solution(unravel(value), k, rn, result)
+    return Solution(unravel(value), k, rn, last, result)
 
 
 def fixed_point(
@@ -180,12 +206,10 @@ def fixed_point(
     x0: PyTree,
     args: Any = None,
     *,
-    solver: AbstractSolver = Anderson(),
+    solver: Union[AbstractFixedPointSolver, AbstractRootFinder] = Anderson(),
     adjoint: AbstractAdjoint = Implicit(),
-    tol: float = 1e-5,
-    max_steps: int = 100,
     throw: bool = True,
-    norm: str = "inf",
+    verbose: bool = False,
 ) -> Solution:
     """Solve x = fn(x, args) for one problem (vmap for a batch).
 
@@ -194,25 +218,30 @@ def fixed_point(
     - `fn`: the map, `fn(x, args) -> pytree with x's structure, shapes and dtypes`. Arrays it
       closes over are differentiated like `args`.
     - `x0`: initial guess, any pytree of floating arrays.
-    - `args`: anything `fn` needs (gradients flow to its floating arrays).
-    - `solver`: `Anderson()` (default), `Picard(damping)`, `Broyden()`, `Newton()` or the
-      reference `JaxoptAnderson()`.
+    - `args`: any pytree of arrays and Python scalars `fn` needs (gradients flow to its
+      floating leaves).
+    - `solver`: `Anderson()` (default), `Picard(damping)`, the reference `JaxoptAnderson()`,
+      or a root finder (`Broyden()`, `Newton()`) applied to fn(x) − x. The solver carries the
+      stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol), `max_steps` and `norm`, e.g.
+      `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.
     - `adjoint`: how gradients are computed: `Implicit()` (default), `Unrolled()`,
       `Phantom(steps, damping)`, `OneStep()`.
-    - `tol`: converged when ‖fn(x) − x‖ ≤ tol.
-    - `max_steps`: most iterations after the first evaluation.
     - `throw`: raise (at run time, via `eqx.error_if`) if the solve fails; with `False` the
       failure is reported in `Solution.result` per example instead.
-    - `norm`: `"inf"` (default) or `"l2"`, the norm of the residual.
+    - `verbose`: print one line per iteration to stderr: the step, the largest residual over
+      the examples of a vmapped solve and how many have converged. Off by default, and then
+      free (nothing is added to the compiled loop).
 
-    **Returns:** a `Solution(value, num_steps, residual, result)`.
+    **Returns:** a `Solution(value, num_steps, residual, final_residual, result)`.
 
     Under `vmap` each example iterates until it converges and then stops changing; its
-    `num_steps`, `residual` and `result` are its own.
+    statistics are its own. The call is compiled once per `fn`, solver, adjoint and input
+    shapes (`eqx.filter_jit`), so eager calls with the same function do not recompile.
     """
-    return _solve(
-        "fixed_point", "fixed_point", fn, x0, args, solver, adjoint, tol, max_steps, throw, norm
-    )
+    _check_inputs("fixed_point", fn, x0, args, solver, adjoint,
+                  (AbstractFixedPointSolver, AbstractRootFinder))
+    return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
+                  adjoint, throw, verbose)
 
 
 def root_find(
@@ -220,23 +249,17 @@ def root_find(
     x0: PyTree,
     args: Any = None,
     *,
-    solver: AbstractSolver = Newton(),
+    solver: AbstractRootFinder = Newton(),
     adjoint: AbstractAdjoint = Implicit(),
-    tol: float = 1e-5,
-    max_steps: int = 100,
     throw: bool = True,
-    norm: str = "inf",
+    verbose: bool = False,
 ) -> Solution:
     """Solve F(x, args) = 0 for one problem (vmap for a batch).
 
-    As `fixed_point`, with `fn` the residual F (same structure as x) and `solver` one of
-    `Newton()` (default) or `Broyden()`. Gradients: `Implicit()` solves (∂F/∂x)ᵀ w = −ḡ;
-    `Unrolled()` backpropagates through the iterations.
+    As `fixed_point`, with `fn` the residual F (same structure as x) and `solver` a root
+    finder, `Newton()` (default) or `Broyden()`. Gradients: `Implicit()` solves
+    (∂F/∂x)ᵀ w = −ḡ; `Unrolled()` backpropagates through the iterations.
     """
-    if isinstance(solver, AbstractSolver) and not type(solver).supports_root:
-        raise ValueError(
-            f"root_find: {type(solver).__name__} iterates a map x = g(x), not a root F(x) = 0. "
-            "Use solver=Newton() or Broyden(), or write the problem as a fixed point and call "
-            "fixed_point."
-        )
-    return _solve("root_find", "root", fn, x0, args, solver, adjoint, tol, max_steps, throw, norm)
+    _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)
+    return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
+                  throw, verbose)

@@ -2,47 +2,69 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import equinox as eqx
 from jaxtyping import Array, Float, Int, PyTree
 
 
+class _Code(NamedTuple):
+    name: str
+    message: str  # what happened
+    hint: str  # what to do about it
+
+
+# Every result code, defined once: its integer is its index here.
+_CODES = (
+    _Code("successful", "", ""),
+    _Code(
+        "max_steps_reached",
+        "the solver reached max_steps without the residual falling below tol.",
+        "Raise the solver's max_steps (e.g. Anderson(max_steps=500)), loosen its tol, add "
+        "damping (Picard(damping=0.5)) or use Anderson; pass throw=False to get the Solution "
+        "and inspect `result` and `residual`.",
+    ),
+    _Code(
+        "nonfinite",
+        "the iteration produced a non-finite value (NaN or inf): the map diverged or is "
+        "undefined at an iterate.",
+        "Check the inputs, lower the coupling strength, add damping, or pass throw=False to "
+        "get the Solution and inspect `result`.",
+    ),
+)
+
+
 class RESULTS:
-    """Integer codes stored in `Solution.result`.
+    """Integer codes stored in `Solution.result`: `successful`, `max_steps_reached`,
+    `nonfinite`.
 
     They are plain Python ints, so `sol.result == RESULTS.successful` works elementwise on the
-    integer array a solve returns (also under `jit` and `vmap`).
+    integer array a solve returns (also under `jit` and `vmap`). `RESULTS.name(code)` and
+    `RESULTS.message(code)` explain a code.
     """
 
     successful = 0
     max_steps_reached = 1
     nonfinite = 2
 
-    _messages = {
-        successful: "",
-        max_steps_reached: (
-            "the solver reached max_steps without the residual falling below tol. "
-            "Increase max_steps, loosen tol, add damping (Picard(damping=0.5)) or use "
-            "Anderson; pass throw=False to get the Solution and inspect `result`/`residual`."
-        ),
-        nonfinite: (
-            "the iteration produced a non-finite value (NaN or inf): the map diverged or is "
-            "undefined at an iterate. Check the inputs, lower the coupling strength, add "
-            "damping, or pass throw=False to get the Solution and inspect `result`."
-        ),
-    }
-
-    @classmethod
-    def message(cls, code: int) -> str:
-        """A human-readable explanation of a result code."""
-        return cls._messages[int(code)]
-
-    @classmethod
-    def name(cls, code: int) -> str:
+    @staticmethod
+    def name(code: int) -> str:
         """The name of a result code, e.g. `"max_steps_reached"`."""
-        for k in ("successful", "max_steps_reached", "nonfinite"):
-            if getattr(cls, k) == int(code):
-                return k
-        raise ValueError(f"unknown result code {code!r}")
+        c = int(code)
+        if not 0 <= c < len(_CODES):
+            raise ValueError(f"unknown result code {code!r}; codes are 0..{len(_CODES) - 1}.")
+        return _CODES[c].name
+
+    @staticmethod
+    def message(code: int) -> str:
+        """What a result code means and what to do about it ("" for `successful`)."""
+        c = _CODES[int(code)]
+        return f"{c.message} {c.hint}".strip()
+
+
+for _i, _c in enumerate(_CODES):  # the class attributes above are this table's indices
+    assert getattr(RESULTS, _c.name) == _i, _c.name
+del _i, _c
 
 
 class Solution(eqx.Module):
@@ -50,18 +72,21 @@ class Solution(eqx.Module):
 
     **Fields:**
 
-    - `value`: the solution, a pytree with the structure of `x0`.
-    - `num_steps`: iterations taken after the initial evaluation (int32 scalar). The map was
-      evaluated `num_steps + 1` times by Picard and Anderson.
-    - `residual`: the final residual norm, ‖fn(x) − x‖ for fixed points or ‖F(x)‖ for roots
-      (∞-norm unless `norm="l2"` was asked for).
+    - `value`: the solution, a pytree with the structure of `x0`: the iterate with the smallest
+      residual seen (the last one whenever the solve converged).
+    - `num_steps`: iterations taken after the initial evaluation (int32 scalar).
+    - `residual`: the residual norm at `value`, ‖fn(x) − x‖ for fixed points or ‖F(x)‖ for
+      roots, in the solver's `norm` (∞-norm by default).
+    - `final_residual`: the residual norm at the last iterate (larger than `residual` when
+      the iteration moved away from its best point before stopping).
     - `result`: a `RESULTS` code (int32 scalar).
 
     Under `vmap` every field gains the batch dimension: each example has its own steps,
-    residual and result.
+    residuals and result.
     """
 
     value: PyTree[Array]
     num_steps: Int[Array, ""]
     residual: Float[Array, ""]
+    final_residual: Float[Array, ""]
     result: Int[Array, ""]

@@ -1,23 +1,31 @@
-"""Iterative solvers: `Picard`, `Anderson`, `Broyden`, `Newton` and the `JaxoptAnderson` reference.
+"""Iterative solvers: `Picard`, `Anderson`, `JaxoptAnderson` (fixed points) and `Broyden`,
+`Newton` (roots, and fixed points written as roots).
 
 Every solver works on one flat vector `x` (the driver ravels pytrees) and is a small Equinox
-module with `init`, `step` and `output`, following the init/step/terminate split of
-optimistix. The driver (`fixed_point` / `root_find`) owns the loop, the termination test, the
-best-iterate bookkeeping and the gradients; a solver only proposes the next iterate.
+module with `init`, `step`, `terminate` and `output`, after optimistix's solvers. A solver
+carries its own stopping rule: the tolerance `tol` on the residual measured in `norm`, and
+the iteration budget `max_steps`. The driver (`fixed_point` / `root_find`) runs the loop,
+keeps the best iterate (`_BestSoFar`, the same for every solver) and attaches gradients.
 
-A problem (`_Problem`) gives `prob.fn(x, args)`: the map `g` for fixed points (x = g(x)), or
-the residual `F` for roots (F(x) = 0); `prob.residual(x, args)` is always the residual.
+Two abstract types say what a solver can do: an `AbstractFixedPointSolver` iterates a map
+x = g(x); an `AbstractRootFinder` drives a residual F(x) to 0, and also solves fixed points
+through F(x) = g(x) − x.
+
+`damping` has one meaning everywhere: the fraction of the old iterate kept in a step, in
+[0, 1); 0 is the undamped method.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
+
+from ._results import RESULTS
 
 
 def max_norm(v: Array) -> Array:
@@ -30,75 +38,148 @@ def l2_norm(v: Array) -> Array:
     return jnp.sqrt(jnp.sum(v * v))
 
 
-_NORMS = {"inf": max_norm, "l2": l2_norm}
+# ----------------------------------------------------------------------------- problems
 
 
-class _Problem(eqx.Module):
+class _AbstractProblem(eqx.Module):
+    fn: eqx.AbstractVar[Callable]
+
+    @abc.abstractmethod
+    def residual(self, x, args):
+        """The vector that vanishes at a solution."""
+
+
+class _FixedPointProblem(_AbstractProblem):
+    """x = fn(x, args); the residual is fn(x) − x."""
+
     fn: Callable
-    kind: str = eqx.field(static=True)  # "fixed_point" or "root"
-    norm: Callable = eqx.field(static=True)
 
     def residual(self, x, args):
-        out = self.fn(x, args)
-        return out - x if self.kind == "fixed_point" else out
+        return self.fn(x, args) - x
 
-    def norm_of(self, r):
-        return jax.lax.stop_gradient(self.norm(r))
+
+class _RootProblem(_AbstractProblem):
+    """fn(x, args) = 0; the residual is fn(x)."""
+
+    fn: Callable
+
+    def residual(self, x, args):
+        return self.fn(x, args)
+
+
+# ----------------------------------------------------------------------------- base types
+
+
+def _check_damping(name, damping):
+    if not (0.0 <= damping < 1.0):
+        raise ValueError(
+            f"{name}(damping={damping}) must be in [0, 1): the fraction of the old iterate "
+            "kept in each step (0 is the undamped method)."
+        )
 
 
 class AbstractSolver(eqx.Module):
-    """Base class of the solvers. Concrete solvers implement `init`, `step` and `output`."""
+    """Base of every solver: `init`, `step`, `terminate`, `output` on one flat vector.
 
-    supports_root: ClassVar[bool] = False
+    Every solver has `tol` (converged when the residual norm is ≤ tol), `max_steps` (most
+    iterations after the first evaluation) and `norm` (a callable `vector -> scalar`, e.g.
+    `max_norm` or `l2_norm`).
+    """
+
+    tol: eqx.AbstractVar[float]
+    max_steps: eqx.AbstractVar[int]
+    norm: eqx.AbstractVar[Callable[[Array], Array]]
+
+    def __check_init__(self):
+        name = type(self).__name__
+        tol = self.tol
+        if isinstance(tol, (int, float)) and (isinstance(tol, bool) or not tol >= 0):
+            raise ValueError(f"{name}(tol={tol!r}) must be a non-negative number.")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or (
+            self.max_steps < 1
+        ):
+            raise ValueError(f"{name}(max_steps={self.max_steps!r}) must be an int >= 1.")
+        if not callable(self.norm):
+            raise ValueError(
+                f"{name}(norm={self.norm!r}) must be a callable vector -> scalar, e.g. "
+                "spinformer.solvers.max_norm or spinformer.solvers.l2_norm."
+            )
 
     @abc.abstractmethod
-    def init(self, prob: _Problem, x: Array, args: Any) -> Any:
+    def init(self, prob: _AbstractProblem, x: Array, args: Any) -> Any:
         """Evaluate the problem at `x` and build the solver state."""
 
     @abc.abstractmethod
-    def step(self, prob: _Problem, state: Any, args: Any) -> Any:
+    def step(self, prob: _AbstractProblem, state: Any, args: Any) -> Any:
         """One iteration: propose a new iterate and evaluate the problem there."""
 
     @abc.abstractmethod
-    def output(self, state: Any) -> tuple[Array, Array, Array]:
-        """`(x, residual_norm_at_x, nonfinite_flag)` for the current state."""
+    def terminate(self, state: Any) -> tuple[Bool[Array, ""], Int[Array, ""]]:
+        """`(done, result)`: whether to stop now, and the RESULTS code if so."""
+
+    @abc.abstractmethod
+    def output(self, state: Any) -> tuple[Array, Array]:
+        """`(x, residual_norm_at_x)` for the current iterate."""
+
+    def _rnorm(self, r):
+        return jax.lax.stop_gradient(self.norm(r))
+
+    def _stop(self, rnorm, failed):
+        """The usual stopping rule: converged, or failed (result nonfinite)."""
+        ok = rnorm <= self.tol
+        result = jnp.where(ok, RESULTS.successful, RESULTS.nonfinite).astype(jnp.int32)
+        return ok | failed, result
+
+
+class AbstractFixedPointSolver(AbstractSolver):
+    """A solver of x = g(x) that iterates the map g (`fixed_point` only)."""
+
+
+class AbstractRootFinder(AbstractSolver):
+    """A solver of F(x) = 0 (`root_find`); `fixed_point` uses it on F(x) = g(x) − x."""
 
 
 # ----------------------------------------------------------------------------- Picard
 
 
-class _PicardState(eqx.Module):
+class _PlainState(eqx.Module):
     x: Float[Array, " n"]
-    r: Float[Array, " n"]
+    r: Float[Array, " n"]  # the residual at x
     rnorm: Float[Array, ""]
 
 
-class Picard(AbstractSolver):
-    """Plain (optionally damped) fixed-point iteration x ← (1 − damping)·g(x) + damping·x.
+class Picard(AbstractFixedPointSolver):
+    """Plain (optionally damped) fixed-point iteration x ← damping·x + (1 − damping)·g(x).
 
     **Arguments:**
 
     - `damping`: in [0, 1). 0 is the plain iteration; larger values slow each step down but
       make oscillating maps (e.g. mean-field equations at strong coupling) converge.
+    - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
     """
 
     damping: float = 0.0
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=max_norm, static=True)
 
     def __check_init__(self):
-        if not (0.0 <= self.damping < 1.0):
-            raise ValueError(f"Picard(damping={self.damping}) must satisfy 0 <= damping < 1.")
+        _check_damping("Picard", self.damping)
 
     def init(self, prob, x, args):
         r = prob.residual(x, args)
-        return _PicardState(x, r, prob.norm_of(r))
+        return _PlainState(x, r, self._rnorm(r))
 
     def step(self, prob, state, args):
         x = state.x + (1.0 - self.damping) * state.r
         r = prob.residual(x, args)
-        return _PicardState(x, r, prob.norm_of(r))
+        return _PlainState(x, r, self._rnorm(r))
+
+    def terminate(self, state):
+        return self._stop(state.rnorm, ~jnp.isfinite(state.rnorm))
 
     def output(self, state):
-        return state.x, state.rnorm, ~jnp.isfinite(state.rnorm)
+        return state.x, state.rnorm
 
 
 # ----------------------------------------------------------------------------- Anderson
@@ -113,48 +194,52 @@ class _AndersonState(eqx.Module):
     gram: Float[Array, "m m"]  # R @ R.T, kept up to date one row at a time
     mask: Bool[Array, " m"]  # which history slots are filled
     pos: Int[Array, ""]  # next slot to overwrite
-    best_x: Float[Array, " n"]
-    best_r: Float[Array, " n"]
-    best_rnorm: Float[Array, ""]
-    restarted: Bool[Array, ""]  # the previous step restarted from the best iterate
+    anchor_x: Float[Array, " n"]  # the safeguard's restart point: the best iterate so far
+    anchor_r: Float[Array, " n"]
+    anchor_rnorm: Float[Array, ""]
+    restarted: Bool[Array, ""]  # the previous step restarted from the anchor
     nonfinite: Bool[Array, ""]
 
 
-class Anderson(AbstractSolver):
+class Anderson(AbstractFixedPointSolver):
     """Anderson acceleration (type II, Walker & Ni 2011) with a relative ridge and a safeguard.
 
     Each step solves the regularised least-squares problem
     min_α ‖Σ_i α_i r_i‖² + ridge·s‖α‖², Σ_i α_i = 1, over the last `history` residuals
     r_i = g(x_i) − x_i (s is the largest ‖r_i‖², so the ridge is relative to the residuals' own
     size and does not stall once they are small), then moves to
-    x ← Σ_i α_i (x_i + mixing · r_i). Acceleration starts at the first step with whatever
-    history exists (the first step is a Picard step).
+    x ← Σ_i α_i (x_i + (1 − damping) · r_i). Acceleration starts at the first step with
+    whatever history exists (the first step is a Picard step).
 
     With `safeguard=True`: if the mixing coefficients are non-finite or huge (ill-conditioned
     history: Σ|α_i| > `max_coefficient`) the step falls back to a Picard step; if the new
     residual is non-finite or larger than `safeguard_growth` times the best residual so far,
-    the history is cleared and the iteration restarts from the best iterate.
+    the history is cleared and the iteration restarts from the best iterate (a failure right
+    after a restart ends the solve as `nonfinite`).
 
     **Arguments:**
 
     - `history`: number of past iterates used (m ≥ 1; m = 1 is damped Picard).
-    - `mixing`: β in (0, 1]; 1 uses the extrapolated maps g(x_i) fully.
+    - `damping`: in [0, 1), as `Picard`'s (jaxopt's `beta` is 1 − damping).
     - `ridge`: relative Tikhonov regularisation of the least-squares problem.
     - `safeguard`: enable the fallback and restart described above.
+    - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
     """
 
-    history: int = 5
-    mixing: float = 1.0
+    history: int = eqx.field(default=5, static=True)
+    damping: float = 0.0
     ridge: float = 1e-4
-    safeguard: bool = True
+    safeguard: bool = eqx.field(default=True, static=True)
     safeguard_growth: float = 10.0
     max_coefficient: float = 1e4
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=max_norm, static=True)
 
     def __check_init__(self):
         if not (isinstance(self.history, int) and self.history >= 1):
             raise ValueError(f"Anderson(history={self.history!r}) must be an int >= 1.")
-        if not (0.0 < self.mixing <= 1.0):
-            raise ValueError(f"Anderson(mixing={self.mixing}) must be in (0, 1].")
+        _check_damping("Anderson", self.damping)
         if not self.ridge >= 0.0:
             raise ValueError(f"Anderson(ridge={self.ridge}) must be >= 0.")
         if not self.safeguard_growth > 1.0:
@@ -173,7 +258,7 @@ class Anderson(AbstractSolver):
 
     def init(self, prob, x, args):
         r = prob.residual(x, args)
-        rnorm = prob.norm_of(r)
+        rnorm = self._rnorm(r)
         return self._fresh(x, r, rnorm, ~jnp.isfinite(rnorm), jnp.asarray(False))
 
     def _coefficients(self, s):
@@ -190,8 +275,9 @@ class Anderson(AbstractSolver):
 
     def step(self, prob, s, args):
         alpha = self._coefficients(s)
-        x_acc = alpha @ (s.X + self.mixing * s.R)
-        x_pic = s.x + self.mixing * s.r
+        keep = 1.0 - self.damping
+        x_acc = alpha @ (s.X + keep * s.R)
+        x_pic = s.x + keep * s.r
         if self.safeguard:
             ok = jnp.all(jnp.isfinite(alpha)) & (
                 jnp.sum(jnp.abs(alpha)) <= self.max_coefficient
@@ -200,13 +286,13 @@ class Anderson(AbstractSolver):
         else:
             x_new = x_acc
         r_new = prob.residual(x_new, args)
-        rn = prob.norm_of(r_new)
+        rn = self._rnorm(r_new)
         finite = jnp.isfinite(rn)
 
-        improved = finite & (rn < s.best_rnorm)
-        best_x = jnp.where(improved, x_new, s.best_x)
-        best_r = jnp.where(improved, r_new, s.best_r)
-        best_rnorm = jnp.where(improved, rn, s.best_rnorm)
+        improved = finite & (rn < s.anchor_rnorm)
+        anchor_x = jnp.where(improved, x_new, s.anchor_x)
+        anchor_r = jnp.where(improved, r_new, s.anchor_r)
+        anchor_rnorm = jnp.where(improved, rn, s.anchor_rnorm)
 
         # Normal update: put (x_new, r_new) in the history.
         p = s.pos
@@ -217,108 +303,23 @@ class Anderson(AbstractSolver):
         mask = s.mask.at[p].set(True)
         normal = _AndersonState(
             x_new, r_new, rn, X, R, gram, mask, (p + 1) % self.history,
-            best_x, best_r, best_rnorm, jnp.asarray(False), ~finite,
+            anchor_x, anchor_r, anchor_rnorm, jnp.asarray(False), ~finite,
         )
         if not self.safeguard:
             return normal
-        bad = (~finite | (rn > self.safeguard_growth * s.best_rnorm)) & ~s.restarted
+        bad = (~finite | (rn > self.safeguard_growth * s.anchor_rnorm)) & ~s.restarted
         restart = self._fresh(
-            best_x, best_r, best_rnorm, ~finite & s.restarted, jnp.asarray(True)
+            anchor_x, anchor_r, anchor_rnorm, ~finite & s.restarted, jnp.asarray(True)
         )
         # A failure right after a restart is not retried: it is reported.
         normal = eqx.tree_at(lambda t: t.nonfinite, normal, ~finite & s.restarted)
         return jax.tree.map(lambda a, b: jnp.where(bad, a, b), restart, normal)
 
-    def output(self, state):
-        return state.best_x, state.best_rnorm, state.nonfinite
-
-
-# ----------------------------------------------------------------------------- Broyden
-
-
-class _BroydenState(eqx.Module):
-    x: Float[Array, " n"]
-    F: Float[Array, " n"]
-    rnorm: Float[Array, ""]
-    H: Float[Array, "n n"]  # approximate inverse Jacobian of the residual
-
-
-class Broyden(AbstractSolver):
-    """Broyden's ("good") quasi-Newton method with a dense inverse-Jacobian estimate.
-
-    For fixed points the residual is F(x) = g(x) − x and the estimate starts at −I, so the
-    first step is a Picard step; for roots it starts at the exact inverse Jacobian at `x0`.
-    Memory is O(n²): meant for states up to a few thousand entries.
-    """
-
-    supports_root: ClassVar[bool] = True
-
-    def init(self, prob, x, args):
-        F = prob.residual(x, args)
-        n = x.shape[0]
-        if prob.kind == "fixed_point":
-            H = -jnp.eye(n, dtype=x.dtype)
-        else:
-            J = jax.jacfwd(lambda y: prob.residual(y, args))(x)
-            H = jnp.linalg.inv(J)
-        return _BroydenState(x, F, prob.norm_of(F), H)
-
-    def step(self, prob, s, args):
-        dx = -s.H @ s.F
-        x = s.x + dx
-        F = prob.residual(x, args)
-        dF = F - s.F
-        HdF = s.H @ dF
-        denom = jnp.vdot(dx, HdF)
-        safe = jnp.abs(denom) > 1e-30
-        upd = jnp.outer((dx - HdF) / jnp.where(safe, denom, 1.0), dx @ s.H)
-        H = jnp.where(safe, s.H + upd, s.H)
-        return _BroydenState(x, F, prob.norm_of(F), H)
+    def terminate(self, state):
+        return self._stop(state.rnorm, state.nonfinite)
 
     def output(self, state):
-        return state.x, state.rnorm, ~jnp.isfinite(state.rnorm)
-
-
-# ----------------------------------------------------------------------------- Newton
-
-
-class _NewtonState(eqx.Module):
-    x: Float[Array, " n"]
-    F: Float[Array, " n"]
-    rnorm: Float[Array, ""]
-
-
-class Newton(AbstractSolver):
-    """Newton's method with the exact (dense, forward-mode) Jacobian of the residual.
-
-    **Arguments:**
-
-    - `damping`: step length in (0, 1]; 1 is the full Newton step.
-
-    Each step costs one Jacobian (n forward-mode evaluations, vectorised) and one dense solve:
-    meant for small and medium states. A singular Jacobian ends the solve as `nonfinite`.
-    """
-
-    damping: float = 1.0
-    supports_root: ClassVar[bool] = True
-
-    def __check_init__(self):
-        if not (0.0 < self.damping <= 1.0):
-            raise ValueError(f"Newton(damping={self.damping}) must be in (0, 1].")
-
-    def init(self, prob, x, args):
-        F = prob.residual(x, args)
-        return _NewtonState(x, F, prob.norm_of(F))
-
-    def step(self, prob, s, args):
-        J = jax.jacfwd(lambda y: prob.residual(y, args))(s.x)
-        dx = jnp.linalg.solve(J, -s.F)
-        x = s.x + self.damping * dx
-        F = prob.residual(x, args)
-        return _NewtonState(x, F, prob.norm_of(F))
-
-    def output(self, state):
-        return state.x, state.rnorm, ~jnp.isfinite(state.rnorm)
+        return state.x, state.rnorm
 
 
 # ----------------------------------------------------------------------------- jaxopt
@@ -330,33 +331,40 @@ class _JaxoptState(eqx.Module):
     rnorm: Float[Array, ""]
 
 
-class JaxoptAnderson(AbstractSolver):
-    """`jaxopt.AndersonAcceleration` (the seeds' solver) behind spinformer's interface.
+class JaxoptAnderson(AbstractFixedPointSolver):
+    """`jaxopt.AndersonAcceleration` (the reference implementation) behind this interface.
 
     Each step is one `AndersonAcceleration.update`, so iterates match jaxopt's own `run`
     exactly; the loop, termination, statistics and gradients (`adjoint=`) are spinformer's.
     jaxopt starts extrapolating only once its history is full and regularises with an
-    absolute ridge. As in jaxopt, `value` is g(x_k) and `residual` is measured at x_k.
-    Kept as the reference the tests and benchmarks compare `Anderson` against.
+    absolute ridge. As in jaxopt, the iterate is g(x_k) while the residual is measured at
+    x_k. Kept as the reference the tests and benchmarks compare `Anderson` against.
+
+    **Arguments:** `history` (≥ 2), `damping` (jaxopt's `beta` = 1 − damping), `ridge`
+    (absolute), and `tol`, `max_steps`, `norm` as every solver.
     """
 
-    history: int = 5
-    mixing: float = 1.0
+    history: int = eqx.field(default=5, static=True)
+    damping: float = 0.0
     ridge: float = 1e-5
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=max_norm, static=True)
 
     def __check_init__(self):
         if self.history < 2:
             raise ValueError("JaxoptAnderson(history=...) must be >= 2 (a jaxopt requirement).")
+        _check_damping("JaxoptAnderson", self.damping)
 
     def _solver(self, prob):
         import jaxopt
 
-        if prob.kind != "fixed_point":
+        if not isinstance(prob, _FixedPointProblem):
             raise ValueError("JaxoptAnderson only solves fixed points.")
         return jaxopt.AndersonAcceleration(
             fixed_point_fun=prob.fn,
             history_size=self.history,
-            beta=self.mixing,
+            beta=1.0 - self.damping,
             ridge=self.ridge,
             implicit_diff=False,
             jit=False,
@@ -369,10 +377,145 @@ class JaxoptAnderson(AbstractSolver):
     def step(self, prob, s, args):
         params, inner = self._solver(prob).update(s.params, s.inner, args)
         pos = (inner.iter_num - 1) % self.history
-        rnorm = prob.norm_of(inner.residuals_history[pos])
+        rnorm = self._rnorm(inner.residuals_history[pos])
         return _JaxoptState(params, inner, rnorm.astype(s.rnorm.dtype))
 
+    def terminate(self, state):
+        failed = jnp.isnan(state.rnorm) | (state.rnorm == jnp.inf) & (state.inner.iter_num > 0)
+        return self._stop(state.rnorm, failed)
+
     def output(self, state):
-        return state.params, state.rnorm, jnp.isnan(state.rnorm) | (
-            state.rnorm == jnp.inf
-        ) & (state.inner.iter_num > 0)
+        return state.params, state.rnorm
+
+
+# ----------------------------------------------------------------------------- Broyden
+
+
+class _BroydenState(eqx.Module):
+    x: Float[Array, " n"]
+    F: Float[Array, " n"]
+    rnorm: Float[Array, ""]
+    H: Float[Array, "n n"]  # approximate inverse Jacobian of the residual
+
+
+class Broyden(AbstractRootFinder):
+    """Broyden's ("good") quasi-Newton method with a dense inverse-Jacobian estimate.
+
+    For fixed points the residual is F(x) = g(x) − x and the estimate starts at −I, so the
+    first step is a Picard step; for roots it starts at the exact inverse Jacobian at `x0`.
+    Memory is O(n²): meant for states up to a few thousand entries.
+
+    **Arguments:** `tol`, `max_steps`, `norm` as every solver.
+    """
+
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=max_norm, static=True)
+
+    def init(self, prob, x, args):
+        F = prob.residual(x, args)
+        n = x.shape[0]
+        if isinstance(prob, _FixedPointProblem):
+            H = -jnp.eye(n, dtype=x.dtype)
+        else:
+            J = jax.jacfwd(lambda y: prob.residual(y, args))(x)
+            H = jnp.linalg.inv(J)
+        return _BroydenState(x, F, self._rnorm(F), H)
+
+    def step(self, prob, s, args):
+        dx = -s.H @ s.F
+        x = s.x + dx
+        F = prob.residual(x, args)
+        dF = F - s.F
+        HdF = s.H @ dF
+        denom = jnp.vdot(dx, HdF)
+        safe = jnp.abs(denom) > 1e-30
+        upd = jnp.outer((dx - HdF) / jnp.where(safe, denom, 1.0), dx @ s.H)
+        H = jnp.where(safe, s.H + upd, s.H)
+        return _BroydenState(x, F, self._rnorm(F), H)
+
+    def terminate(self, state):
+        return self._stop(state.rnorm, ~jnp.isfinite(state.rnorm))
+
+    def output(self, state):
+        return state.x, state.rnorm
+
+
+# ----------------------------------------------------------------------------- Newton
+
+
+class Newton(AbstractRootFinder):
+    """Newton's method with the exact (dense, forward-mode) Jacobian of the residual.
+
+    **Arguments:**
+
+    - `damping`: in [0, 1); each step moves x ← x + (1 − damping)·Δx, 0 is the full Newton
+      step.
+    - `tol`, `max_steps`, `norm` as every solver.
+
+    Each step costs one Jacobian (n forward-mode evaluations, vectorised) and one dense solve:
+    meant for small and medium states. A singular Jacobian ends the solve as `nonfinite`.
+    """
+
+    damping: float = 0.0
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=max_norm, static=True)
+
+    def __check_init__(self):
+        _check_damping("Newton", self.damping)
+
+    def init(self, prob, x, args):
+        F = prob.residual(x, args)
+        return _PlainState(x, F, self._rnorm(F))
+
+    def step(self, prob, s, args):
+        J = jax.jacfwd(lambda y: prob.residual(y, args))(s.x)
+        dx = jnp.linalg.solve(J, -s.r)
+        x = s.x + (1.0 - self.damping) * dx
+        F = prob.residual(x, args)
+        return _PlainState(x, F, self._rnorm(F))
+
+    def terminate(self, state):
+        return self._stop(state.rnorm, ~jnp.isfinite(state.rnorm))
+
+    def output(self, state):
+        return state.x, state.rnorm
+
+
+# ----------------------------------------------------------------------------- best so far
+
+
+class _BestState(eqx.Module):
+    inner: Any
+    best_x: Float[Array, " n"]
+    best_rnorm: Float[Array, ""]
+
+
+class _BestSoFar(eqx.Module):
+    """Wraps any solver and keeps the iterate with the smallest finite residual; the driver
+    wraps every solver in it, so `Solution.value` is the best point seen."""
+
+    solver: AbstractSolver
+
+    def init(self, prob, x, args):
+        inner = self.solver.init(prob, x, args)
+        x, rn = self.solver.output(inner)
+        return _BestState(inner, x, jnp.where(jnp.isfinite(rn), rn, jnp.inf))
+
+    def step(self, prob, state, args):
+        inner = self.solver.step(prob, state.inner, args)
+        x, rn = self.solver.output(inner)
+        better = jnp.isfinite(rn) & (rn < state.best_rnorm)
+        return _BestState(
+            inner,
+            jnp.where(better, x, state.best_x),
+            jnp.where(better, rn, state.best_rnorm),
+        )
+
+    def terminate(self, state):
+        return self.solver.terminate(state.inner)
+
+    def best(self, state):
+        """`(best_x, its residual norm, last residual norm)`."""
+        return state.best_x, state.best_rnorm, self.solver.output(state.inner)[1]

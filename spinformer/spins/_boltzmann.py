@@ -1,13 +1,14 @@
 r"""Exact Boltzmann-attention marginals for many queries sharing one set of couplings.
 
-Seed boltzmann-attention.txt, Eq. (8): for query q the attention pattern s ∈ {-1, +1}^T over
+G. Kim, D. K. Park, "Boltzmann Attention: Learnable Ising Couplings for Cooperative
+Attention", arXiv:2606.12478 (2026), Eq. (8): for query q the attention pattern s ∈ {-1, +1}^T over
 key positions follows
 
     P_q(s) ∝ exp( Σ_j h_qj s_j + Σ_{j<k} J_jk s_j s_k [+ Σ_{j<k<l} K_jkl s_j s_k s_l] ),
 
 i.e. the Ising weight exp(−E) of `spinformer.spins.ising` at β = 1, with fields h_q (one row
 per query) and couplings J (and K) shared by every query. With causal masking query q sees
-positions 0..q only and the couplings act only among visible positions (seed §3.2).
+positions 0..q only and the couplings act only among visible positions (Kim & Park 2026, §3.2).
 
 How the enumeration is organised (2^T configurations, spin k is bit k of the configuration
 index, s_k = 1 − 2·bit_k as in `ising`):
@@ -37,24 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from ._common import HIGHEST, MAX_BOLTZMANN_T, bits, mm, sym3, sym_offdiag, upper3
+
 __all__ = ["boltzmann_marginals"]
 
-_MAX_T = 24
 _CHUNK_BITS = 12
 _MASKED = -1e30
-_HI = jax.lax.Precision.HIGHEST
-
-
-def _mm(a, b):
-    """Matmul in full float32 precision (GPUs would otherwise round to TF32/bf16 passes and
-    the fields to ~3 digits: the marginals are meant to be exact)."""
-    return jnp.matmul(a, b, precision=_HI)
-
-
-def _bits(n: int) -> np.ndarray:
-    """All 2^n configurations as ±1, shape (2^n, n); spin k is bit k of the row index."""
-    idx = np.arange(2**n)[:, None]
-    return (1 - 2 * ((idx >> np.arange(n)[None, :]) & 1)).astype(np.float32)
 
 
 def _check(name, h, J, K):
@@ -76,24 +65,13 @@ def _check(name, h, J, K):
             f"{name}: K must have shape (T, T, T) = ({T}, {T}, {T}), got {jnp.shape(K)}. "
             "Only the entries K[j, k, l] with j < k < l are used."
         )
-    if T > _MAX_T:
+    if T > MAX_BOLTZMANN_T:
         raise ValueError(
             f"{name}: exact enumeration over T={T} positions needs 2^{T} configurations per "
-            f"query; it is limited to T <= {_MAX_T}. Use ising.mean_field / ising.tap, or a "
+            f"query; it is limited to T <= {MAX_BOLTZMANN_T}. Use ising.mean_field / ising.tap, or a "
             "sampler from spinformer.spins.samplers (gibbs, parallel_tempering) instead."
         )
     return Q, T
-
-
-def _upper3(K, T):
-    j, k, l = np.meshgrid(np.arange(T), np.arange(T), np.arange(T), indexing="ij")
-    return jnp.where(jnp.asarray((j < k) & (k < l)), K, 0.0)
-
-
-def _sym3(K_upper):
-    """The symmetric tensor with zero on repeated indices and K_upper on j<k<l."""
-    perms = [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]
-    return sum(jnp.transpose(K_upper, p) for p in perms)
 
 
 def _corrections(h, J, K_sym, n_vis):
@@ -108,11 +86,11 @@ def _corrections(h, J, K_sym, n_vis):
     v = (np.arange(T)[None, :] < n_vis[:, None]).astype(np.float32)  # (Q, T)
     u = 1.0 - v
     vj, uj = jnp.asarray(v, h.dtype), jnp.asarray(u, h.dtype)
-    h_eff = vj * (h - _mm(uj, J))  # J symmetric
+    h_eff = vj * (h - mm(uj, J))  # J symmetric
     M = None
     if K_sym is not None:
-        Ku = jnp.einsum("jkl,ql->qjk", K_sym, uj, precision=_HI)  # (Q, T, T)
-        h_eff = h_eff - 0.5 * vj * jnp.einsum("qjk,qk->qj", Ku, uj, precision=_HI)
+        Ku = jnp.einsum("jkl,ql->qjk", K_sym, uj, precision=HIGHEST)  # (Q, T, T)
+        h_eff = h_eff - 0.5 * vj * jnp.einsum("qjk,qk->qj", Ku, uj, precision=HIGHEST)
         M = -0.5 * (vj[:, :, None] * vj[:, None, :] * Ku).reshape(Q, T * T)
     return h_eff, M, vj
 
@@ -126,7 +104,7 @@ def boltzmann_marginals(
 ) -> Float[Array, "Q T"]:
     r"""Exact magnetizations ⟨s_j⟩_q of Boltzmann attention for many queries sharing J.
 
-    Seed boltzmann-attention.txt, Eq. (8): P_q(s) ∝ exp(h_q·s + ½ sᵀJs [+ Σ_{j<k<l} K_jkl
+    Kim & Park (2026), Eq. (8): P_q(s) ∝ exp(h_q·s + ½ sᵀJs [+ Σ_{j<k<l} K_jkl
     s_j s_k s_l]); the attention weights are α_qj = (⟨s_j⟩_q + 1)/2 (Eq. 9), normalised over
     visible positions by the caller. Same sign convention as `ising.exact_marginals` at
     β = 1 (E = −(h·s + ½ sᵀJs), weight exp(−E)).
@@ -139,7 +117,7 @@ def boltzmann_marginals(
     - `causal`: if true, query q sees positions 0..min(q, T−1) only: the couplings act only
       among visible positions and invisible positions get magnetization 0 in the output.
     - `K`: optional three-body couplings `(T, T, T)`; only K[j, k, l] with j < k < l is used
-      (seed Appendix C), as in `ising.exact_marginals`.
+      (Kim & Park 2026, Appendix C), as in `ising.exact_marginals`.
 
     **Returns:** magnetizations `(Q, T)` (0 at invisible positions when causal).
 
@@ -155,11 +133,11 @@ def boltzmann_marginals(
         dt = jnp.float32
     h = jnp.asarray(h, dt)
     J = jnp.asarray(J, dt)
-    J = 0.5 * (J + J.T) * (1.0 - jnp.eye(T, dtype=dt))
+    J = sym_offdiag(J)
     K_upper = K_sym = None
     if K is not None:
-        K_upper = _upper3(jnp.asarray(K, dt), T)
-        K_sym = _sym3(K_upper)
+        K_upper = upper3(jnp.asarray(K, dt))
+        K_sym = sym3(K_upper)
 
     if causal:
         n_vis = np.minimum(np.arange(Q) + 1, T)
@@ -170,9 +148,9 @@ def boltzmann_marginals(
 
     lo = min(T, _CHUNK_BITS)
     hi = T - lo
-    S_lo = jnp.asarray(_bits(lo), dt)  # (C, lo)
+    S_lo = jnp.asarray(bits(lo), dt)  # (C, lo)
     J_ll, J_lh, J_hh = J[:lo, :lo], J[:lo, lo:], J[lo:, lo:]
-    base = 0.5 * jnp.sum(_mm(S_lo, J_ll) * S_lo, axis=1)  # shared coupling energy, low block
+    base = 0.5 * jnp.sum(mm(S_lo, J_ll) * S_lo, axis=1)  # shared coupling energy, low block
     shifts = jnp.arange(hi, dtype=jnp.int32)
     if K is not None:
         K_pairs_l = K_upper.reshape(T * T, T).T  # (l, (j, k))
@@ -183,14 +161,14 @@ def boltzmann_marginals(
 
         def chunk(c):
             s_hi = (1 - 2 * ((c >> shifts) & 1)).astype(dt)  # (hi,)
-            neg_e = base + _mm(S_lo, _mm(J_lh, s_hi)) + 0.5 * s_hi @ _mm(J_hh, s_hi)  # (C,)
+            neg_e = base + mm(S_lo, mm(J_lh, s_hi)) + 0.5 * s_hi @ mm(J_hh, s_hi)  # (C,)
             S = jnp.concatenate([S_lo, jnp.broadcast_to(s_hi, (C, hi))], axis=1)  # (C, T)
             if K is not None:
                 pairs = (S[:, :, None] * S[:, None, :]).reshape(C, T * T)
-                neg_e = neg_e + jnp.sum(pairs * _mm(S, K_pairs_l), axis=1)
-            logw = _mm(h_sub, S.T) + neg_e[None, :]  # (Qs, C)
+                neg_e = neg_e + jnp.sum(pairs * mm(S, K_pairs_l), axis=1)
+            logw = mm(h_sub, S.T) + neg_e[None, :]  # (Qs, C)
             if M_sub is not None:
-                logw = logw + _mm(M_sub, pairs.T)
+                logw = logw + mm(M_sub, pairs.T)
             if lim_sub is not None:
                 idx = c * C + jnp.arange(C, dtype=jnp.int32)
                 # finite, so a query with every configuration of the chunk masked gets a
@@ -198,7 +176,7 @@ def boltzmann_marginals(
                 logw = jnp.where(idx[None, :] < lim_sub[:, None], logw, _MASKED)
             lse = jax.nn.logsumexp(logw, axis=1)  # (Qs,)
             p = jnp.exp(logw - lse[:, None])
-            return lse, _mm(p, S)
+            return lse, mm(p, S)
 
         return jax.checkpoint(chunk)
 
@@ -244,7 +222,7 @@ def boltzmann_marginals(
     mean = jnp.concatenate(means, axis=0)  # (num_chunks, Q, T)
     log_z = jax.nn.logsumexp(lse, axis=0)  # (Q,)
     w = jnp.exp(lse - log_z[None, :])
-    m = jnp.einsum("cq,cqt->qt", w, mean, precision=_HI)
+    m = jnp.einsum("cq,cqt->qt", w, mean, precision=HIGHEST)
     if causal:
         m = m * vis
     return m

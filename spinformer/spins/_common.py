@@ -1,10 +1,57 @@
-"""Private helpers shared by the spin modules: input checks and solver defaults."""
+"""Private helpers shared by the spin modules: input checks, configuration enumeration,
+coupling symmetrisation, size limits, matmul precision, and the solve with spin defaults."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import solvers
+
+# Size limits of the exact methods (one place; `nn` reads them from here).
+MAX_ENUMERATION = 30  # ising.exact_marginals and friends: 2^n configurations, chunked
+MAX_BOLTZMANN_T = 24  # ising.boltzmann_marginals: 2^T configurations for every query
+MAX_DQA = 12  # samplers.dqa: a dense 2^n state vector
+
+# Full float32 matmuls (GPUs would otherwise round to TF32/bf16 passes: the enumerations are
+# meant to be exact).
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def mm(a, b):
+    """`a @ b` in full float32 precision."""
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def bits(n: int) -> np.ndarray:
+    """All 2^n configurations as ±1, shape (2^n, n) float32; spin k is bit k of the row index
+    (s_k = 1 − 2·bit_k)."""
+    idx = np.arange(2**n)[:, None]
+    return (1 - 2 * ((idx >> np.arange(n)[None, :]) & 1)).astype(np.float32)
+
+
+def sym_offdiag(J):
+    """(J + Jᵀ)/2 with the diagonal removed, on the trailing (n, n) axes (only this part of J
+    enters the energy ½ sᵀJs up to a constant)."""
+    n = J.shape[-1]
+    return 0.5 * (J + jnp.swapaxes(J, -1, -2)) * (1.0 - jnp.eye(n, dtype=J.dtype))
+
+
+def upper3(K):
+    """K with every entry but K[j, k, l], j < k < l, set to zero (trailing (n, n, n) axes)."""
+    n = K.shape[-1]
+    j, k, l = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
+    return jnp.where(jnp.asarray((j < k) & (k < l)), K, 0.0)
+
+
+def sym3(K):
+    """The symmetric three-body tensor Ks with zero on repeated indices and K[j, k, l] on
+    j < k < l, so that Σ_{j<k<l} K s_j s_k s_l = ⅙ Σ_{jkl} Ks s_j s_k s_l; trailing axes."""
+    Ku = upper3(K)
+    lead = tuple(range(Ku.ndim - 3))
+    perms = [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]
+    return sum(jnp.transpose(Ku, lead + tuple(len(lead) + i for i in p)) for p in perms)
 
 
 def check_square(name: str, J, n: int, what: str = "J") -> None:
@@ -36,24 +83,15 @@ def as_float(*arrays):
     return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
 
 
-# Implicit differentiation with short GMRES cycles: spin fixed points away from criticality
-# are well conditioned, the adjoint converges in a handful of products, and a long restart
-# cycle (the solvers' default of 20) costs a full Arnoldi cycle per backward pass.
-DEFAULT_ADJOINT = solvers.Implicit(linear_solver="gmres", restart=5)
-
-
-def solve(name, fn, x0, args, *, solver, adjoint, tol, max_steps, throw, return_solution,
-          norm="inf"):
-    """Run `solvers.fixed_point` with spinformer's defaults for spin problems."""
-    if solver is None:
-        solver = solvers.Anderson()
-    if adjoint is None:
-        adjoint = DEFAULT_ADJOINT
-    sol = solvers.fixed_point(
-        fn, x0, args, solver=solver, adjoint=adjoint, tol=tol, max_steps=max_steps, throw=throw,
-        norm=norm,
+def solve(fn, x0, args, *, solver, adjoint, throw, default_solver=solvers.Anderson()):
+    """`solvers.fixed_point` with the spin defaults: `default_solver` when `solver` is None
+    and `solvers.Implicit()` when `adjoint` is None. Returns the `Solution`."""
+    return solvers.fixed_point(
+        fn, x0, args,
+        solver=default_solver if solver is None else solver,
+        adjoint=solvers.Implicit() if adjoint is None else adjoint,
+        throw=throw,
     )
-    return sol if return_solution else sol.value
 
 
 def check_damping(name: str, damping) -> None:

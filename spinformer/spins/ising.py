@@ -8,13 +8,15 @@ J symmetric with zero diagonal (only its symmetric part matters for the marginal
 three-body term optional, Boltzmann weight exp(-βE). Every function handles one system;
 vmap over a batch.
 
-Mean-field equations (seed blog/4, "Deep Implicit Attention"; the Onsager term of the SK model
-is the second-order Plefka correction):
+Mean-field equations (the Onsager term of the SK model is the second-order Plefka
+correction; as written in M. Bal, "Deep Implicit Attention: A Mean-Field Theory Perspective on
+Attention Mechanisms" (2021), mcbal.github.io):
 
     naive:  m_i = tanh(β(h_i + Σ_j J_ij m_j))
     TAP:    m_i = tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²))
 
-Exact enumeration (seed boltzmann-attention.txt) sums over all 2^n configurations in chunks
+Exact enumeration (as needed by G. Kim, D. K. Park, "Boltzmann Attention: Learnable Ising
+Couplings for Cooperative Attention", arXiv:2606.12478 (2026)) sums over all 2^n configurations in chunks
 of partial log-sum-exps, so float32 keeps ~1e-6 accuracy at n = 20 and memory stays small.
 """
 
@@ -22,14 +24,29 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
-from ._common import as_float, check_damping, check_hJK as _check_hJ, check_square, check_vector, solve
+from ._common import MAX_BOLTZMANN_T as MAX_BOLTZMANN_T
+from ._common import MAX_ENUMERATION as MAX_ENUMERATION
+from ._common import (
+    as_float,
+    bits,
+    check_damping,
+    check_square,
+    check_vector,
+    solve,
+    sym3,
+    sym_offdiag,
+    upper3,
+)
+from ._common import check_hJK as _check_hJ
 from ._boltzmann import boltzmann_marginals as boltzmann_marginals
 
 __all__ = [
+    "MAX_BOLTZMANN_T",
+    "MAX_ENUMERATION",
+    "symmetrize",
     "mean_field_update",
     "tap_update",
     "mean_field",
@@ -40,8 +57,10 @@ __all__ = [
     "boltzmann_marginals",
 ]
 
-_MAX_ENUMERATION = 30
-
+def symmetrize(J: Float[ArrayLike, "... n n"]) -> Float[Array, "... n n"]:
+    """(J + Jᵀ)/2 with the diagonal removed, on the trailing two axes: the part of J that the
+    energy ½ sᵀJs sees (the rest only shifts it by a constant)."""
+    return sym_offdiag(jnp.asarray(J))
 
 
 # ----------------------------------------------------------------------------- mean field
@@ -53,8 +72,9 @@ def mean_field_update(
     J: Float[ArrayLike, "n n"],
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
+    K: Float[ArrayLike, "n n n"] | None = None,
 ) -> Float[Array, " n"]:
-    """One naive mean-field update, m ↦ tanh(β(h + J m)).
+    """One naive mean-field update, m ↦ tanh(β(h + J m [+ ½ Ks:mm])).
 
     **Arguments:**
 
@@ -62,13 +82,19 @@ def mean_field_update(
     - `h`: external fields, shape `(n,)`.
     - `J`: couplings, shape `(n, n)`, symmetric with zero diagonal.
     - `beta`: inverse temperature.
+    - `K`: optional three-body couplings `(n, n, n)`; only K[j, k, l] with j < k < l is used.
+      Their mean-field field on spin j is Σ_{k<l; j,k,l distinct} K m_k m_l = ½ Σ_kl Ks_jkl
+      m_k m_l with Ks the symmetric tensor of the entries.
 
     **Returns:** the updated magnetizations, shape `(n,)`.
     """
-    n = _check_hJ("mean_field_update", h, J)
+    n = _check_hJ("mean_field_update", h, J, K)
     check_vector("mean_field_update", m, "m", n)
-    m, h, J, beta = as_float(m, h, J, beta)
-    return jnp.tanh(beta * (h + J @ m))
+    m, h, J, K, beta = as_float(m, h, J, K, beta)
+    local = h + J @ m
+    if K is not None:
+        local = local + 0.5 * jnp.einsum("jkl,k,l->j", sym3(K), m, m)
+    return jnp.tanh(beta * local)
 
 
 def tap_update(
@@ -78,11 +104,15 @@ def tap_update(
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
 ) -> Float[Array, " n"]:
-    """One TAP update with the Onsager reaction term (seed blog/4):
+    """One TAP update with the Onsager reaction term,
 
-    m_i ↦ tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²)).
+    m_i ↦ tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²))
 
-    **Arguments:** as `mean_field_update`.
+    (Thouless, Anderson & Palmer 1977; the second-order Plefka expansion, as written in
+    M. Bal, "Deep Implicit Attention: A Mean-Field Theory Perspective on Attention
+    Mechanisms" (2021), mcbal.github.io).
+
+    **Arguments:** as `mean_field_update` (pairwise couplings only).
 
     **Returns:** the updated magnetizations, shape `(n,)`.
     """
@@ -93,24 +123,28 @@ def tap_update(
     return jnp.tanh(beta * (h + J @ m) - onsager)
 
 
-def _solve_mf(name, update, h, J, beta, damping, solver, adjoint, m0, tol, max_steps, throw,
-              return_solution):
-    n = _check_hJ(name, h, J)
+def _mf_map(m, args):
+    h, J, K, beta, damping = args
+    return damping * m + (1.0 - damping) * mean_field_update(m, h, J, beta=beta, K=K)
+
+
+def _tap_map(m, args):
+    h, J, _, beta, damping = args
+    return damping * m + (1.0 - damping) * tap_update(m, h, J, beta=beta)
+
+
+def _solve_mf(name, tap_, h, J, K, beta, damping, solver, adjoint, m0, throw):
+    n = _check_hJ(name, h, J, K)
     check_damping(name, damping)
-    h, J, beta = as_float(h, J, beta)
+    h, J, K, beta = as_float(h, J, K, beta)
     if m0 is None:
         m0 = jnp.tanh(beta * h)  # the J = 0 solution
     else:
         check_vector(name, m0, "m0", n)
         m0 = jnp.asarray(m0, h.dtype)
-
-    def fn(m, args):
-        h_, J_, beta_ = args
-        new = update(m, h_, J_, beta=beta_)
-        return new if damping == 0.0 else damping * m + (1.0 - damping) * new
-
-    return solve(name, fn, m0, (h, J, beta), solver=solver, adjoint=adjoint, tol=tol,
-                 max_steps=max_steps, throw=throw, return_solution=return_solution)
+    args = (h, J, K, beta, jnp.asarray(damping, h.dtype))
+    return solve(_tap_map if tap_ else _mf_map, m0, args, solver=solver, adjoint=adjoint,
+                 throw=throw)
 
 
 def mean_field(
@@ -118,32 +152,30 @@ def mean_field(
     J: Float[ArrayLike, "n n"],
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
+    K: Float[ArrayLike, "n n n"] | None = None,
     damping: float = 0.0,
     solver: solvers.AbstractSolver | None = None,
     adjoint: solvers.AbstractAdjoint | None = None,
     m0: Float[ArrayLike, " n"] | None = None,
-    tol: float = 1e-5,
-    max_steps: int = 100,
     throw: bool = True,
-    return_solution: bool = False,
-):
+) -> solvers.Solution:
     """Naive mean-field magnetizations, the fixed point of `mean_field_update`.
 
     **Arguments:**
 
     - `h`, `J`, `beta`: fields `(n,)`, couplings `(n, n)`, inverse temperature.
+    - `K`: optional three-body couplings `(n, n, n)` (see `mean_field_update`).
     - `damping`: in [0, 1); iterates m ↦ damping·m + (1 − damping)·update(m) (same fixed
       points, more stable at strong coupling).
-    - `solver`: a `spinformer.solvers` solver; `None` means `Anderson()`.
-    - `adjoint`: how gradients flow; `None` means `Implicit("gmres", restart=5)`.
+    - `solver`: a `spinformer.solvers` solver with its stopping rule; `None` means
+      `Anderson()` (tol 1e-5, at most 100 steps).
+    - `adjoint`: how gradients flow; `None` means `solvers.Implicit()`.
     - `m0`: initial guess, default tanh(βh) (the J = 0 solution).
-    - `tol`, `max_steps`, `throw`: passed to `solvers.fixed_point`.
-    - `return_solution`: return the whole `solvers.Solution` instead of its value.
+    - `throw`: as `solvers.fixed_point`.
 
-    **Returns:** magnetizations `(n,)` (or a `Solution`).
+    **Returns:** a `solvers.Solution`; its `value` holds the magnetizations `(n,)`.
     """
-    return _solve_mf("mean_field", mean_field_update, h, J, beta, damping, solver, adjoint, m0,
-                     tol, max_steps, throw, return_solution)
+    return _solve_mf("mean_field", False, h, J, K, beta, damping, solver, adjoint, m0, throw)
 
 
 def tap(
@@ -155,27 +187,17 @@ def tap(
     solver: solvers.AbstractSolver | None = None,
     adjoint: solvers.AbstractAdjoint | None = None,
     m0: Float[ArrayLike, " n"] | None = None,
-    tol: float = 1e-5,
-    max_steps: int = 100,
     throw: bool = True,
-    return_solution: bool = False,
-):
-    """TAP magnetizations, the fixed point of `tap_update` (seed blog/4).
+) -> solvers.Solution:
+    """TAP magnetizations, the fixed point of `tap_update` (pairwise couplings only).
 
     Arguments and return value as `mean_field`. Gradients are implicit by default, so they do
     not depend on the number of iterations taken.
     """
-    return _solve_mf("tap", tap_update, h, J, beta, damping, solver, adjoint, m0, tol,
-                     max_steps, throw, return_solution)
+    return _solve_mf("tap", True, h, J, None, beta, damping, solver, adjoint, m0, throw)
 
 
 # ----------------------------------------------------------------------------- enumeration
-
-
-def _bits(n: int) -> np.ndarray:
-    """All 2^n configurations as ±1, shape (2^n, n); spin k is bit k of the row index."""
-    idx = np.arange(2**n)[:, None]
-    return (1 - 2 * ((idx >> np.arange(n)[None, :]) & 1)).astype(np.float32)
 
 
 def _split(n: int) -> tuple[int, int]:
@@ -189,23 +211,21 @@ def _split(n: int) -> tuple[int, int]:
 def _moments(name, h, J, K, beta, want_corr):
     """log Z, ⟨s⟩ and (optionally) ⟨s sᵀ⟩ by chunked enumeration."""
     n = _check_hJ(name, h, J, K)
-    if n > _MAX_ENUMERATION:
+    if n > MAX_ENUMERATION:
         raise ValueError(
             f"{name}: exact enumeration of n={n} spins needs 2^{n} configurations; it is "
-            f"limited to n <= {_MAX_ENUMERATION}. Use mean_field/tap or a sampler instead."
+            f"limited to n <= {MAX_ENUMERATION}. Use mean_field/tap or a sampler instead."
         )
     h, J, K, beta = as_float(h, J, K, beta)
     dt = h.dtype
     lo, hi = _split(n)
-    S_lo = jnp.asarray(_bits(lo), dt)  # (C, lo)
+    S_lo = jnp.asarray(bits(lo), dt)  # (C, lo)
     h_lo, h_hi = h[:lo], h[lo:]
     J_ll, J_lh, J_hh = J[:lo, :lo], J[:lo, lo:], J[lo:, lo:]
     # Low-block part of -E, shared by every chunk: h_lo·s + ½ sᵀ J_ll s.
     base = S_lo @ h_lo + 0.5 * jnp.sum((S_lo @ J_ll) * S_lo, axis=1)
     if K is not None:
-        j, k, l = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
-        K_upper = jnp.where(jnp.asarray((j < k) & (k < l)), K, 0.0)
-        K_pairs_l = K_upper.reshape(n * n, n).T  # (l, (j, k))
+        K_pairs_l = upper3(K).reshape(n * n, n).T  # (l, (j, k))
     shifts = jnp.arange(hi, dtype=jnp.int32)
 
     def chunk(c):
@@ -247,7 +267,7 @@ def exact_marginals(
 
     - `h`: fields `(n,)`; `J`: couplings `(n, n)`; `beta`: inverse temperature.
     - `K`: optional three-body couplings `(n, n, n)`; only K[j, k, l] with j < k < l is used
-      (seed boltzmann-attention.txt, Appendix C).
+      (Kim & Park 2026, Appendix C).
 
     **Returns:** `(n,)` magnetizations. Cost 2^n·n² (2^n·n³ with K); n ≤ 30.
     """
@@ -277,8 +297,8 @@ def connected_correlations(
 ) -> Float[Array, "n n"]:
     """Exact connected correlations C_jk = ⟨s_j s_k⟩ − ⟨s_j⟩⟨s_k⟩ by enumeration.
 
-    They obey the fluctuation–dissipation identity ∂⟨s_j⟩/∂h_k = β C_jk (seed
-    boltzmann-attention.txt, Proposition 1). Arguments as `exact_marginals`.
+    They obey the fluctuation–dissipation identity ∂⟨s_j⟩/∂h_k = β C_jk (Kim & Park
+    2026, Proposition 1). Arguments as `exact_marginals`.
 
     **Returns:** `(n, n)`, symmetric, diagonal 1 − ⟨s_j⟩².
     """

@@ -1,6 +1,7 @@
 r"""The asymmetric kinetic Ising model and its Plefka[t-1,t] mean-field dynamics.
 
-Binary spins s_t ∈ {-1, +1}^n updated in parallel (seed blog/1, "Spin-Model Transformers"):
+Binary spins s_t ∈ {-1, +1}^n updated in parallel (as in M. Bal, "Spin-Model Transformers"
+(2023), mcbal.github.io):
 
     P(s_t | s_{t-1}) = Π_i exp(β s_{i,t} h_{i,t}) / (2 cosh β h_{i,t}),
     h_{i,t} = x_{i,t} + Σ_j J_ij s_{j,t-1},
@@ -11,7 +12,7 @@ t-1 and t (Plefka[t-1,t], Aguilera, Moosavi & Shimazaki 2021) gives
     naive:  m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}))
     TAP:    m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}) − β² m_{i,t} Σ_j J_ij² (1 − m_{j,t-1}²))
 
-and second-order equal-time and delayed correlations (`correlations`). The seed writes these
+and second-order equal-time and delayed correlations (`correlations`). The post writes these
 with β absorbed into x and J; here β is explicit (set `beta=1.0` to use absorbed parameters).
 """
 
@@ -24,7 +25,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .. import solvers
 from ._common import as_float, check_square, check_vector, solve
 
-__all__ = ["naive_step", "tap_step", "correlations", "entropy_production", "simulate"]
+__all__ = ["mean_field_step", "tap_step", "correlations", "entropy_production", "simulate"]
 
 
 def _check(name, m_prev, x, J):
@@ -34,14 +35,14 @@ def _check(name, m_prev, x, J):
     return n
 
 
-def naive_step(
+def mean_field_step(
     m_prev: Float[ArrayLike, " n"],
     x: Float[ArrayLike, " n"],
     J: Float[ArrayLike, "n n"],
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
 ) -> Float[Array, " n"]:
-    """One naive mean-field time step, m_t = tanh(β(x + J m_{t−1})) (seed blog/1).
+    """One naive (first-order) mean-field time step, m_t = tanh(β(x + J m_{t−1})).
 
     **Arguments:**
 
@@ -52,9 +53,12 @@ def naive_step(
 
     **Returns:** magnetizations at t, shape `(n,)`.
     """
-    _check("naive_step", m_prev, x, J)
+    _check("mean_field_step", m_prev, x, J)
     m_prev, x, J, beta = as_float(m_prev, x, J, beta)
     return jnp.tanh(beta * (x + J @ m_prev))
+
+
+_TAP_SOLVER = solvers.Anderson(tol=1e-6)
 
 
 def _tap_map(m, args):
@@ -70,31 +74,29 @@ def tap_step(
     beta: float | Float[ArrayLike, ""] = 1.0,
     solver: solvers.AbstractSolver | None = None,
     adjoint: solvers.AbstractAdjoint | None = None,
-    tol: float = 1e-6,
-    max_steps: int = 100,
     throw: bool = True,
-    return_solution: bool = False,
-):
+) -> solvers.Solution:
     """One TAP time step: solves, for m = m_t,
 
     m_i = tanh(β(x_i + Σ_j J_ij m_{j,t−1}) − β² m_i Σ_j J_ij² (1 − m_{j,t−1}²))
 
-    (seed blog/1, the Onsager-corrected Plefka[t−1,t] equation). Each site's equation is
-    one-dimensional and has a unique solution (its right-hand side decreases in m_i).
+    (the Onsager-corrected Plefka[t−1,t] equation of Aguilera et al. 2021). Each site's
+    equation is one-dimensional and has a unique solution (its right-hand side decreases in
+    m_i).
 
-    **Arguments:** as `naive_step`, plus `solver` (`None` means `solvers.Anderson()`),
-    `adjoint` (`None` means `solvers.Implicit("gmres", restart=5)`), `tol`, `max_steps`, `throw` passed to
-    `solvers.fixed_point`, and `return_solution` to get the whole `Solution`.
+    **Arguments:** as `mean_field_step`, plus `solver` (`None` means
+    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means `solvers.Implicit()`) and `throw`,
+    as `solvers.fixed_point`.
 
-    **Returns:** magnetizations at t, shape `(n,)` (or a `Solution`).
+    **Returns:** a `solvers.Solution` whose `value` holds the magnetizations at t, `(n,)`.
     """
     _check("tap_step", m_prev, x, J)
     m_prev, x, J, beta = as_float(m_prev, x, J, beta)
     field = beta * (x + J @ m_prev)
     onsager = beta**2 * ((J * J) @ (1.0 - m_prev * m_prev))
     m0 = jax.lax.stop_gradient(jnp.tanh(field))
-    return solve("tap_step", _tap_map, m0, (field, onsager), solver=solver, adjoint=adjoint,
-                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution)
+    return solve(_tap_map, m0, (field, onsager), solver=solver, adjoint=adjoint, throw=throw,
+                 default_solver=_TAP_SOLVER)
 
 
 def correlations(
@@ -104,7 +106,8 @@ def correlations(
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
 ) -> tuple[Float[Array, "n n"], Float[Array, "n n"]]:
-    """Second-order Plefka[t−1,t] equal-time and delayed correlations (seed blog/1):
+    """Second-order Plefka[t−1,t] equal-time and delayed correlations (Aguilera et al. 2021,
+    as written in Bal 2023):
 
     C_ik = (1 − m_i²)(1 − m_k²) β² Σ_j J_ij J_kj (1 − m_{j,t−1}²)  (i ≠ k),  C_ii = 1 − m_i²,
     D_il = β J_il (1 − m_i²)(1 − m_{l,t−1}²)(1 + 2β J_il m_i m_{l,t−1}),
@@ -136,7 +139,8 @@ def entropy_production(
     beta: float | Float[ArrayLike, ""] = 1.0,
 ) -> Float[Array, ""]:
     """Entropy production per step in a steady state, σ = β Σ_ij (J_ij − J_ji) D_ij
-    (seed blog/0, after Aguilera et al.).
+    (M. Bal, "Entropy Production in Non-Equilibrium Neural Networks" (2026), mcbal.github.io,
+    after Aguilera et al. 2021).
 
     σ is the mean log-ratio of forward and time-reversed transition probabilities; in a
     stationary state the field and normalization terms cancel and only the antisymmetric part
@@ -167,10 +171,8 @@ def simulate(
     *,
     beta: float | Float[ArrayLike, ""] = 1.0,
     steps: int,
-    method: str = "naive",
+    method: str = "mean_field",
     solver: solvers.AbstractSolver | None = None,
-    tol: float = 1e-6,
-    max_steps: int = 100,
     throw: bool = True,
 ) -> Float[Array, "steps n"]:
     """Mean-field time evolution m_0 → m_1 → … → m_steps with `jax.lax.scan`.
@@ -181,16 +183,16 @@ def simulate(
     - `x`: fields, `(n,)` (the same at every step) or `(steps, n)` (one per step).
     - `J`: couplings `(n, n)`; `beta`: inverse temperature.
     - `steps`: number of time steps (a Python int).
-    - `method`: `"naive"` (`naive_step`) or `"tap"` (`tap_step`).
-    - `solver`, `tol`, `max_steps`, `throw`: passed to `tap_step` when `method="tap"`.
+    - `method`: `"mean_field"` (`mean_field_step`) or `"tap"` (`tap_step`).
+    - `solver`, `throw`: passed to `tap_step` when `method="tap"`.
 
     **Returns:** the trajectory m_1, …, m_steps, shape `(steps, n)`. vmap over `m0` for many
     initial states and over `(x, J)` for parameter samples.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"simulate: steps={steps!r} must be a Python int >= 1.")
-    if method not in ("naive", "tap"):
-        raise ValueError(f"simulate: method={method!r}; choose 'naive' or 'tap'.")
+    if method not in ("mean_field", "tap"):
+        raise ValueError(f"simulate: method={method!r}; choose 'mean_field' or 'tap'.")
     n = check_vector("simulate", m0, "m0")
     check_square("simulate", J, n)
     xs = jnp.shape(x)
@@ -205,11 +207,10 @@ def simulate(
     m0, x, J, beta = as_float(m0, x, J, beta)
 
     def step(m, x_t):
-        if method == "naive":
-            new = naive_step(m, x_t, J, beta=beta)
+        if method == "mean_field":
+            new = mean_field_step(m, x_t, J, beta=beta)
         else:
-            new = tap_step(m, x_t, J, beta=beta, solver=solver, tol=tol, max_steps=max_steps,
-                           throw=throw)
+            new = tap_step(m, x_t, J, beta=beta, solver=solver, throw=throw).value
         return new, new
 
     if per_step:

@@ -8,16 +8,17 @@ Boltzmann weight exp(−βE). Only the symmetric off-diagonal part of J and the 
 K[j, k, l] with j < k < l are used. Every function samples one system (one `h`); vmap over
 queries, batches or heads, with one key each. Keys are explicit keyword arguments.
 
-These are the scalable alternatives to exact enumeration in Boltzmann attention (seed
-boltzmann-attention.txt, §4.5 and §5): samplers give noisy, non-differentiable magnetization
+These are the scalable alternatives to exact enumeration in Boltzmann attention (G. Kim,
+D. K. Park, "Boltzmann Attention: Learnable Ising Couplings for Cooperative Attention",
+arXiv:2606.12478 (2026), §4.5 and §5): samplers give noisy, non-differentiable magnetization
 estimates, and `straight_through` passes gradients through them from a differentiable
-surrogate (the seed trains DQA-sampled attention with the straight-through estimator).
+surrogate (the paper trains DQA-sampled attention with the straight-through estimator).
 
 ```python
 keys = jax.random.split(key, Q)
 samples = jax.vmap(lambda h_q, k: samplers.gibbs(h_q, J, key=k, num_samples=512,
                                                  burn_in=64))(h, keys)   # (Q, 512, T)
-m = samplers.straight_through(samples.mean(1), jax.vmap(lambda h_q: ising.tap(h_q, J))(h))
+m = samplers.straight_through(samples.mean(1), jax.vmap(lambda h_q: ising.tap(h_q, J).value)(h))
 ```
 """
 
@@ -28,9 +29,20 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Complex, Float, PRNGKeyArray
 
-from ._common import as_float, check_hJK, check_square, check_vector
+from ._common import MAX_DQA as MAX_DQA
+from ._common import (
+    HIGHEST,
+    as_float,
+    bits,
+    check_hJK,
+    check_square,
+    check_vector,
+    sym3,
+    sym_offdiag,
+)
 
 __all__ = [
+    "MAX_DQA",
     "gibbs",
     "parallel_tempering",
     "dqa",
@@ -38,9 +50,9 @@ __all__ = [
     "energy",
     "batch_means",
     "straight_through",
+    "straight_through_mean_field",
 ]
 
-_MAX_DQA = 12
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -49,14 +61,8 @@ _MAX_DQA = 12
 def _prepare(name, h, J, K):
     n = check_hJK(name, h, J, K)
     h, J, K = as_float(h, J, K)
-    J = 0.5 * (J + J.T) * (1.0 - jnp.eye(n, dtype=J.dtype))
-    K_sym = None
-    if K is not None:
-        j, k, l = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
-        K_up = jnp.where(jnp.asarray((j < k) & (k < l)), K, 0.0)
-        perms = [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]
-        K_sym = sum(jnp.transpose(K_up, p) for p in perms)  # zero on repeated indices
-    return n, h, J, K_sym
+    K_sym = None if K is None else sym3(K)  # zero on repeated indices
+    return n, h, sym_offdiag(J), K_sym
 
 
 def _check_int(name, what, value, minimum):
@@ -64,22 +70,21 @@ def _check_int(name, what, value, minimum):
         raise ValueError(f"{name}: {what} must be a Python int >= {minimum}, got {value!r}.")
 
 
-_HI = jax.lax.Precision.HIGHEST  # full float32 matmuls on GPUs as well (no TF32 rounding)
 
 
 def _energy(s, h, J, K_sym):
-    e = -(jnp.dot(s, h, precision=_HI) + 0.5 * jnp.dot(s, jnp.dot(J, s, precision=_HI),
-                                                         precision=_HI))
+    e = -(jnp.dot(s, h, precision=HIGHEST) + 0.5 * jnp.dot(s, jnp.dot(J, s, precision=HIGHEST),
+                                                         precision=HIGHEST))
     if K_sym is not None:
-        e = e - jnp.einsum("jkl,j,k,l->", K_sym, s, s, s, precision=_HI) / 6.0
+        e = e - jnp.einsum("jkl,j,k,l->", K_sym, s, s, s, precision=HIGHEST) / 6.0
     return e
 
 
 def _local_field(j, s, h, J, K_sym):
-    f = h[j] + jnp.dot(J[j], s, precision=_HI)
+    f = h[j] + jnp.dot(J[j], s, precision=HIGHEST)
     if K_sym is not None:
         # K_sym[j, j, :] = 0, so s_j drops out
-        f = f + 0.5 * jnp.dot(s, jnp.dot(K_sym[j], s, precision=_HI), precision=_HI)
+        f = f + 0.5 * jnp.dot(s, jnp.dot(K_sym[j], s, precision=HIGHEST), precision=HIGHEST)
     return f
 
 
@@ -200,7 +205,7 @@ def parallel_tempering(
     neighbouring replicas (r, r+1) — the even pairs after even sweeps, the odd pairs after
     odd sweeps — exchange their states with probability min(1, exp((β_r − β_{r+1})(E_r −
     E_{r+1}))), which keeps each replica's Boltzmann distribution invariant while the hot
-    replicas carry the cold one across energy barriers (seed §5 names parallel tempering as
+    replicas carry the cold one across energy barriers (Kim & Park 2026, §5 name parallel tempering as
     the classical route beyond exact enumeration).
 
     **Arguments:**
@@ -276,11 +281,6 @@ def parallel_tempering(
 # ----------------------------------------------------------------------------- DQA
 
 
-def _all_spins(n, dtype):
-    idx = np.arange(2**n)[:, None]
-    return jnp.asarray((1 - 2 * ((idx >> np.arange(n)[None, :]) & 1)), dtype)
-
-
 def dqa_state(
     h: Float[ArrayLike, " n"],
     J: Float[ArrayLike, "n n"],
@@ -299,7 +299,7 @@ def dqa_state(
     of length dt = T_a/steps at the midpoint times: a half-step diagonal phase
     exp(−i dt/2 · (t/T_a) E), the transverse-field rotations exp(+i dt (1 − t/T_a) Γ σ^x_j)
     applied qubit by qubit (a reshape and a 2×2 mix per axis, never a 2^n × 2^n matrix),
-    and another half-step phase. Seed boltzmann-attention.txt §4.5 (200 Trotter steps,
+    and another half-step phase. Kim & Park 2026, §4.5 (200 Trotter steps,
     τ = 5 in its units).
 
     Basis state index b holds the configuration s_k = 1 − 2·bit_k(b), as in `ising`.
@@ -316,14 +316,14 @@ def dqa_state(
     """
     name = "dqa_state"
     n, h, J, K_sym = _prepare(name, h, J, K)
-    if n > _MAX_DQA:
+    if n > MAX_DQA:
         raise ValueError(
             f"{name}: simulating a quantum anneal of n={n} qubits needs a 2^{n} state vector; "
-            f"it is limited to n <= {_MAX_DQA}. Use gibbs or parallel_tempering for larger "
+            f"it is limited to n <= {MAX_DQA}. Use gibbs or parallel_tempering for larger "
             "systems."
         )
     _check_int(name, "steps", steps, 1)
-    S = _all_spins(n, h.dtype)
+    S = jnp.asarray(bits(n), h.dtype)
     E = jax.vmap(lambda s: _energy(s, h, J, K_sym))(S)  # (2^n,), small: n <= 12
     cdt = jnp.result_type(h.dtype, jnp.complex64)
     total_time = jnp.asarray(total_time, h.dtype)
@@ -363,7 +363,7 @@ def dqa(
     gamma: float | Float[ArrayLike, ""] = 1.0,
     K: Float[ArrayLike, "n n n"] | None = None,
 ) -> Float[Array, "num_samples n"]:
-    """Samples from a simulated diabatic quantum anneal (seed boltzmann-attention.txt §4.5).
+    """Samples from a simulated diabatic quantum anneal (Kim & Park 2026, §4.5).
 
     Runs `dqa_state` and measures it `num_samples` times in the computational basis
     (configurations drawn from |ψ|²). A fast anneal gives approximately Boltzmann samples at
@@ -375,7 +375,7 @@ def dqa(
 
     - `h`, `J`, `K`: as `gibbs`, n ≤ 12.
     - `key`: a PRNG key; `num_samples`: measurements of the final state.
-    - `steps`, `total_time`, `gamma`: as `dqa_state` (defaults: the seed's 200 steps, τ = 5).
+    - `steps`, `total_time`, `gamma`: as `dqa_state` (defaults: the paper's 200 steps, τ = 5).
 
     **Returns:** samples `(num_samples, n)` in ±1 (float).
     """
@@ -425,7 +425,7 @@ def straight_through(
     """Straight-through estimator: the value of `estimate`, the gradient of `surrogate`.
 
     Returns `surrogate + stop_gradient(estimate − surrogate)`. Use it to train through
-    sampled magnetizations (seed §4.5 trains DQA-sampled attention this way): `estimate` is
+    sampled magnetizations (Kim & Park 2026, §4.5 train DQA-sampled attention this way): `estimate` is
     the (non-differentiable) sample mean, `surrogate` a differentiable approximation of the
     same magnetizations — exact marginals when affordable, otherwise `ising.mean_field` /
     `ising.tap` (or, the crudest choice, tanh(h)).
@@ -441,3 +441,30 @@ def straight_through(
         )
     surrogate = jnp.asarray(surrogate)
     return surrogate + jax.lax.stop_gradient(jnp.asarray(estimate, surrogate.dtype) - surrogate)
+
+
+def straight_through_mean_field(
+    estimate: Float[ArrayLike, " n"],
+    h: Float[ArrayLike, " n"],
+    J: Float[ArrayLike, "n n"],
+    *,
+    beta: float | Float[ArrayLike, ""] = 1.0,
+    K: Float[ArrayLike, "n n n"] | None = None,
+) -> Float[Array, " n"]:
+    """Sampled magnetizations with mean-field gradients: the value of `estimate` (e.g. a
+    sample mean m̂), the derivatives of one mean-field step taken at it,
+    m̃ = tanh(β(h + J m̂ [+ ½ Ks:m̂m̂])) (`ising.mean_field_update` with m̂ held fixed).
+
+    The surrogate is exact when the couplings vanish and costs one matrix–vector product, so
+    it suits training through samplers (Gibbs, parallel tempering, DQA) where a full
+    mean-field solve per query would cost more than the sampling.
+
+    **Arguments:** `estimate` `(n,)` (its gradient is stopped), fields `h (n,)`, couplings
+    `J (n, n)`, `beta`, optional three-body `K (n, n, n)`.
+
+    **Returns:** `(n,)`, equal to `estimate`.
+    """
+    from .ising import mean_field_update
+
+    m_hat = jax.lax.stop_gradient(jnp.asarray(estimate))
+    return straight_through(m_hat, mean_field_update(m_hat, h, J, beta=beta, K=K))

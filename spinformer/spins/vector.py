@@ -1,7 +1,8 @@
 r"""Vector spins: D-dimensional spins on spheres of radius R, driven by fields and couplings.
 
 A single spin s ∈ ℝ^D with ‖s‖ = R in an effective field θ has density ∝ exp(β s·θ) (a von
-Mises–Fisher distribution with concentration βR‖θ‖). Its mean (seed blog/1, App. A.2) is
+Mises–Fisher distribution with concentration βR‖θ‖). Its mean (M. Bal, "Spin-Model Transformers"
+(2023), mcbal.github.io, App. A.2) is
 
     φ(θ) = R · I_{D/2}(βR‖θ‖) / I_{D/2−1}(βR‖θ‖) · θ/‖θ‖,
 
@@ -11,11 +12,11 @@ expansion of the Bessel ratio, its large-D limit is
     φ(θ) ≈ βθ / (1 + γ),   γ = √(1 + β²‖θ‖²/R²),
 
 which depends on β and R only. The covariance of the spin is (1/β) ∂φ/∂θ (fluctuation–
-response); in the large-D limit it is 1/(1+γ) − φφᵀ/(R²γ) (seed blog/1, App. A.3).
+response); in the large-D limit it is 1/(1+γ) − φφᵀ/(R²γ) (Bal 2023, App. A.3).
 
-Dynamics (seed blog/1, Plefka[t−1,t] for vector spins, large-D):
+Dynamics (Bal 2023, Plefka[t−1,t] for vector spins, large-D):
 
-    naive:  m_{i,t} = φ(x_i + Σ_j J_ij m_{j,t−1})
+    mean field:  m_{i,t} = φ(x_i + Σ_j J_ij m_{j,t−1})
     TAP:    m_{i,t} = φ(θ_i),  θ_i = x_i + Σ_j J_ij m_{j,t−1} + (1/2β) Var_i⁻¹ [∇²φ(θ_i) : A_i],
             A_i = Σ_j J_ij² Var_{j,t−1},
 
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
+from ._bessel import inverse_ratio, ratio, ratio_and_over_x, ratio_derivatives
+from ._bessel import bessel_ratio as bessel_ratio
 from ._common import as_float, check_square, solve
 
 __all__ = [
@@ -38,101 +40,12 @@ __all__ = [
     "magnetization",
     "inverse_magnetization",
     "variance",
-    "naive_step",
+    "mean_field_step",
     "tap_step",
     "tap_ness",
+    "mean_field_ness",
     "ness_update",
 ]
-
-# Backward-recurrence depth. The recurrence r_ν = x / (2(ν+1) + x r_{ν+1}) shrinks the error
-# of the starting value by r_μ² per step; started from an Amos-type estimate at order ν + K it
-# reaches float64 accuracy for x up to ~1e4 (and much faster for x ≲ ν).
-_DEPTH = 320
-
-
-def _ratio_loop(nu, x):
-    """Returns (r, q, s): r = I_{ν+1}(x)/I_ν(x), q = r/x and s = 1 − r, for ν > −1, x ≥ 0.
-
-    r and s are carried through the recurrence separately, so r is accurate where it is small
-    (x ≪ ν) and s where r is close to one (x ≫ ν)."""
-    mu = nu + _DEPTH
-    # Amos-type estimate of r_μ, between the bounds x/(μ+½+√((μ+3/2)²+x²)) and
-    # x/(μ+½+√((μ+½)²+x²)), exact to first order in 1/x.
-    root = jnp.sqrt((mu + 1.0) ** 2 + x * x)
-    den = mu + 0.5 + root
-    r = x / den
-    s = (mu + 0.5 + (mu + 1.0) ** 2 / (root + x)) / den  # 1 − r without cancellation
-
-    def body(k, carry):
-        r, s = carry
-        two_order = 2.0 * (mu - k.astype(x.dtype))  # 2(order + 1) for order μ−1, …, ν+1
-        inv = 1.0 / (two_order + x * r)
-        return x * inv, (two_order - x * s) * inv
-
-    r, s = jax.lax.fori_loop(0, _DEPTH - 1, body, (r, s))  # now r_{ν+1}, s_{ν+1}
-    q = 1.0 / (2.0 * (nu + 1.0) + x * r)
-    return x * q, q, (2.0 * (nu + 1.0) - x * s) * q
-
-
-@jax.custom_jvp
-def _ratio(nu, x):
-    return _ratio_loop(nu, x)
-
-
-def _ratio_derivatives(nu, x, r, q, s):
-    """(r', q') for r = r_ν(x), using r' = 1 − r² − (2ν+1) r/x in cancellation-free forms:
-    r' = s(1 + r) − (2ν+1) q where x > 2(ν+1), and r' = q² (2(ν+1) − x² r'_{ν+1}) below."""
-    r1, q1, s1 = _ratio(nu + 1.0, x)
-    dr1 = jnp.where(x > 2.0 * (nu + 2.0), s1 * (1.0 + r1), 1.0 - r1 * r1) - (2.0 * nu + 3.0) * q1
-    dq = -(q * q) * (r1 + x * dr1)
-    dr = jnp.where(x > 2.0 * (nu + 1.0), s * (1.0 + r) - (2.0 * nu + 1.0) * q,
-                   q * q * (2.0 * (nu + 1.0) - x * x * dr1))
-    return dr, dq
-
-
-def _ratio_jvp(primals, tangents):
-    nu, x = primals
-    dnu, dx = tangents
-    if not isinstance(dnu, SymbolicZero):
-        raise ValueError(
-            "bessel_ratio is differentiable with respect to x only; the order nu must not "
-            "carry a gradient. Wrap it in jax.lax.stop_gradient if it is traced."
-        )
-    r, q, s = _ratio(nu, x)
-    if isinstance(dx, SymbolicZero):
-        z = jnp.zeros_like(r)
-        return (r, q, s), (z, z, z)
-    dr, dq = _ratio_derivatives(nu, x, r, q, s)
-    return (r, q, s), (dr * dx, dq * dx, -dr * dx)
-
-
-_ratio.defjvp(_ratio_jvp, symbolic_zeros=True)
-
-
-def _ratio_and_over_x(nu, x):
-    nu, x = jnp.broadcast_arrays(*as_float(nu, x))
-    return _ratio(nu, x)[:2]
-
-
-def bessel_ratio(nu: Float[ArrayLike, "..."], x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
-    """The ratio I_{ν+1}(x) / I_ν(x) of modified Bessel functions of the first kind.
-
-    Computed by the backward recurrence r_ν = x / (2(ν+1) + x r_{ν+1}) (the Gauss continued
-    fraction) started from an Amos-type estimate at order ν + 320; pure JAX, finite and
-    accurate for ν > −1 (orders up to several hundred) and 0 ≤ x ≲ 1e4, where the Bessel
-    functions themselves over- or underflow. Derivatives with respect to x use
-    r' = 1 − r² − (2ν+1) r / x in a cancellation-free form and can be taken to any order; the
-    order ν is not differentiable. (Seed blog/1, App. A.4.)
-
-    **Arguments:**
-
-    - `nu`: order ν > −1, any shape broadcastable with `x`.
-    - `x`: argument x ≥ 0.
-
-    **Returns:** the ratio, in [0, 1), with the broadcast shape of the inputs.
-    """
-    return _ratio_and_over_x(nu, x)[0]
-
 
 # ----------------------------------------------------------------------------- single site
 
@@ -167,11 +80,11 @@ def magnetization(
     R: float | Float[ArrayLike, ""] = 1.0,
     large_d: bool = True,
 ) -> Float[Array, "... D"]:
-    """Mean φ(θ) of a vector spin on the sphere of radius R in the field θ (seed blog/1).
+    """Mean φ(θ) of a vector spin on the sphere of radius R in the field θ (Bal 2023).
 
     - `large_d=False`: exact for the dimension D = θ.shape[-1],
       φ(θ) = R · I_{D/2}(βR‖θ‖)/I_{D/2−1}(βR‖θ‖) · θ/‖θ‖ (D = 1 gives R tanh(βRθ)).
-    - `large_d=True`: the large-D limit βθ/(1 + √(1 + β²‖θ‖²/R²)), which assumes the seed's
+    - `large_d=True`: the large-D limit βθ/(1 + √(1 + β²‖θ‖²/R²)), which assumes the post's
       convention R² = D/2 − 1 and depends on β and R only.
 
     **Arguments:**
@@ -188,55 +101,8 @@ def magnetization(
         return _phi_large(theta, beta, R)
     D = theta.shape[-1]
     x = beta * R * _safe_norm(theta)
-    _, q = _ratio_and_over_x(D / 2.0 - 1.0, x)
+    _, q = ratio_and_over_x(D / 2.0 - 1.0, x)
     return beta * R * R * q * theta  # R r(x) θ/‖θ‖ with r(x)/‖θ‖ = βR q(x)
-
-
-def _inverse_ratio(nu, t):
-    """x ≥ 0 with r_ν(x) = t, for 0 ≤ t < 1 and ν ≥ 0.
-
-    Newton's method in u = log x on F(u) = −log(1 − r_ν(eᵘ)) + log(1 − t), which is increasing
-    and convex in u (≈ eᵘ/(2ν+2) for small x, ≈ log x for large x, ≈ 2x when ν = −½), so the
-    iteration converges monotonically after its first step. It starts from the inverse of the
-    Amos-type estimate r ≈ x / (ν + ½ + √((ν+1)² + x²))."""
-    tiny = jnp.finfo(t.dtype).tiny
-    positive = t > 0
-    # ‖m‖/R can round to ≥ 1 when the spin is saturated: keep the root finite
-    t = jnp.clip(jnp.where(positive, t, 0.5), 0.0, 1.0 - jnp.finfo(t.dtype).eps)
-    # (1−t²)x² − 2t(ν+½)x + t²((ν+½)² − (ν+1)²) = 0
-    a = 1.0 - t * t
-    b = t * (nu + 0.5)
-    c = t * t * ((nu + 0.5) ** 2 - (nu + 1.0) ** 2)
-    x0 = (b + jnp.sqrt(b * b - a * c)) / a
-
-    top = 1.0 - jnp.finfo(t.dtype).eps
-
-    def newton(u, t):
-        x = jnp.exp(u)
-        r, q, s = _ratio(nu, x)
-        dr, _ = _ratio_derivatives(nu, x, r, q, s)
-        s = jnp.maximum(s, tiny)
-        F = jnp.log1p(-t) - jnp.log(s)
-        dF = x * dr / s
-        # The same slope for the Amos-type estimate r_A = x/den, den = ν+½+√((ν+1)²+x²):
-        # within a factor 2 of the true one everywhere, and free of the cancellation
-        # that limits r' in float32 when x ≫ ν. Used where the computed slope is off.
-        root = jnp.sqrt((nu + 1.0) ** 2 + x * x)
-        den = nu + 0.5 + root
-        s_a = (nu + 0.5 + (nu + 1.0) ** 2 / (root + x)) / den
-        dF_a = x * (nu + 0.5 + (nu + 1.0) ** 2 / root) / (den * den * s_a)
-        ok = jnp.isfinite(dF) & (dF > 0.25 * dF_a) & (dF < 4.0 * dF_a)
-        dF = jnp.maximum(jnp.where(ok, dF, dF_a), tiny)
-        return u - jnp.clip(F / dF, -4.0, 4.0)  # at most a factor e⁴ in x per step
-
-    # converge without tracing gradients, then one live step: its derivative with respect
-    # to t is the implicit-function derivative of the converged root
-    t_stop = jax.lax.stop_gradient(t)
-    u = jnp.log(jnp.maximum(jax.lax.stop_gradient(x0), tiny))
-    for _ in range(12):
-        u = newton(u, t_stop)
-    x = jnp.exp(newton(jax.lax.stop_gradient(u), t))
-    return jnp.where(positive, x, 0.0)
 
 
 def inverse_magnetization(
@@ -248,7 +114,7 @@ def inverse_magnetization(
 ) -> Float[Array, "... D"]:
     """The field θ whose magnetization is m, the inverse of `magnetization`.
 
-    - `large_d=True`: θ = 2R² m / (β(R² − ‖m‖²)) (seed blog/1).
+    - `large_d=True`: θ = 2R² m / (β(R² − ‖m‖²)) (Bal 2023).
     - `large_d=False`: exact for D = m.shape[-1]: θ = x/(βR) · m/‖m‖ with x solving
       R · I_{D/2}(x)/I_{D/2−1}(x) = ‖m‖ by Newton's method in log x (from an Amos-type
       starting point; differentiable, with the implicit-function derivative).
@@ -271,7 +137,7 @@ def inverse_magnetization(
         t = jnp.clip(t, 0.0, 1.0 - jnp.finfo(t.dtype).eps)
         x = jnp.arctanh(t)
     else:
-        x = _inverse_ratio(jnp.asarray(D / 2.0 - 1.0, m.dtype), t)
+        x = inverse_ratio(jnp.asarray(D / 2.0 - 1.0, m.dtype), t)
     return x / (beta * R) * m / jnp.where(norm > 0, norm, 1.0)
 
 
@@ -284,7 +150,7 @@ def variance(
 ) -> Float[Array, "D D"]:
     """Covariance ⟨s sᵀ⟩ − φφᵀ of one vector spin in the field θ, equal to (1/β) ∂φ/∂θ.
 
-    - `large_d=True`: 1/(1+γ) − φφᵀ/(R²γ), γ = √(1 + β²‖θ‖²/R²) (seed blog/1, App. A.3).
+    - `large_d=True`: 1/(1+γ) − φφᵀ/(R²γ), γ = √(1 + β²‖θ‖²/R²) (Bal 2023, App. A.3).
     - `large_d=False`: exact for D = θ.shape[-1]: with x = βR‖θ‖, r = I_{D/2}/I_{D/2−1},
       R² r'(x) along θ̂ and R² r(x)/x across it (R²/D · 1 at θ = 0).
 
@@ -306,8 +172,8 @@ def variance(
     norm = _safe_norm(theta)[0]
     x = beta * R * norm
     nu_, x = jnp.broadcast_arrays(*as_float(nu, x))
-    r, q, s = _ratio(nu_, x)
-    dr, _ = _ratio_derivatives(nu_, x, r, q, s)
+    r, q, s = ratio(nu_, x)
+    dr, _ = ratio_derivatives(nu_, x, r, q, s)
     u = theta / jnp.where(norm > 0, norm, 1.0)
     uu = jnp.outer(u, u)
     return R**2 * (dr * uu + q * (eye - uu))
@@ -330,7 +196,7 @@ def _check_system(name, m_prev, x, J):
     return n, D
 
 
-def naive_step(
+def mean_field_step(
     m_prev: Float[ArrayLike, "n D"],
     x: Float[ArrayLike, "n D"],
     J: Float[ArrayLike, "n n"],
@@ -339,7 +205,7 @@ def naive_step(
     R: float | Float[ArrayLike, ""] = 1.0,
     large_d: bool = True,
 ) -> Float[Array, "n D"]:
-    """One naive mean-field step, m_t = φ(x + J m_{t−1}) (seed blog/1, first-order Plefka).
+    """One naive mean-field step, m_t = φ(x + J m_{t−1}) (Bal 2023, first-order Plefka).
 
     **Arguments:**
 
@@ -349,7 +215,7 @@ def naive_step(
 
     **Returns:** magnetizations at t, `(n, D)`.
     """
-    _check_system("naive_step", m_prev, x, J)
+    _check_system("mean_field_step", m_prev, x, J)
     m_prev, x, J = as_float(m_prev, x, J)
     return magnetization(x + J @ m_prev, beta=beta, R=R, large_d=large_d)
 
@@ -398,6 +264,11 @@ def _ness_map(m, args):
     return _phi_large(_tap_field(m, m, x, J, beta, R), beta, R)
 
 
+def _mf_ness_map(m, args):
+    x, J, beta, R = args
+    return _phi_large(x + J @ m, beta, R)
+
+
 def ness_update(
     m: Float[ArrayLike, "n D"],
     x: Float[ArrayLike, "n D"],
@@ -428,12 +299,9 @@ def tap_step(
     R: float | Float[ArrayLike, ""] = 1.0,
     solver: solvers.AbstractSolver | None = None,
     adjoint: solvers.AbstractAdjoint | None = None,
-    tol: float = 1e-5,
-    max_steps: int = 100,
     throw: bool = True,
-    return_solution: bool = False,
-):
-    """One second-order (TAP) mean-field step for large-D vector spins (seed blog/1).
+) -> solvers.Solution:
+    """One second-order (TAP) mean-field step for large-D vector spins (Bal 2023).
 
     Solves m = φ(θ(m)) for m = m_t with
 
@@ -441,23 +309,34 @@ def tap_step(
     A_i = Σ_j J_ij² Var_{j,t−1},  Var = 1/(1+γ) − m mᵀ/(R²γ),  γ = (R² + ‖m‖²)/(R² − ‖m‖²),
 
     i.e. φ(θ_i) equals the average of φ over the Gaussian fluctuations of the field
-    Σ_j J_ij s_{j,t−1} to second order in J. Compared with the seed: terms quadratic in
+    Σ_j J_ij s_{j,t−1} to second order in J. Compared with the post: terms quadratic in
     v = θ − x − J m_{t−1} (fourth order) are dropped, and tr Var_j is taken from the same
-    large-D covariance (the seed uses R² − ‖m_j‖², equal to leading order in D).
+    large-D covariance (the post uses R² − ‖m_j‖², equal to leading order in D).
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
-    R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`), `adjoint` (`None` means
-    `solvers.Implicit("gmres", restart=5)`), `tol`, `max_steps`, `throw`, `return_solution` as
-    `solvers.fixed_point`.
+    R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`: tol 1e-5 in the ∞-norm),
+    `adjoint` (`None` means `solvers.Implicit()`), `throw` as `solvers.fixed_point`.
 
-    **Returns:** magnetizations at t, `(n, D)` (or a `Solution`).
+    **Returns:** a `solvers.Solution`; its `value` holds the magnetizations at t, `(n, D)`.
     """
     _check_system("tap_step", m_prev, x, J)
     m_prev, x, J, beta, R = as_float(m_prev, x, J, beta, R)
     m0 = jax.lax.stop_gradient(_phi_large(x + J @ m_prev, beta, R))
-    return solve("tap_step", _tap_map, m0, (m_prev, x, J, beta, R), solver=solver,
-                 adjoint=adjoint, tol=tol, max_steps=max_steps, throw=throw,
-                 return_solution=return_solution)
+    return solve(_tap_map, m0, (m_prev, x, J, beta, R), solver=solver, adjoint=adjoint,
+                 throw=throw)
+
+
+_NESS_SOLVER = solvers.Anderson(tol=1e-3)
+
+
+def _ness(name, ness_map, x, J, beta, R, solver, adjoint, throw, m0):
+    _check_system(name, m0, x, J)
+    x, J, beta, R = as_float(x, J, beta, R)
+    if m0 is None:
+        m0 = _phi_large(x, beta, R)
+    m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
+    return solve(ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint, throw=throw,
+                 default_solver=_NESS_SOLVER)
 
 
 def tap_ness(
@@ -468,36 +347,42 @@ def tap_ness(
     R: float | Float[ArrayLike, ""] = 1.0,
     solver: solvers.AbstractSolver | None = None,
     adjoint: solvers.AbstractAdjoint | None = None,
-    tol: float = 1e-3,
-    max_steps: int = 100,
     throw: bool = True,
     m0: Float[ArrayLike, "n D"] | None = None,
-    norm: str = "inf",
-    return_solution: bool = False,
-):
+) -> solvers.Solution:
     """Non-equilibrium steady state of the second-order dynamics, solved as a fixed point.
 
     Instead of iterating `tap_step` until m_t stops changing, solve m = φ(θ(m; m_{t−1} = m))
-    directly (seed blog/1, "Spin-transformer modules"), with implicit gradients by default
+    directly (Bal 2023, "Spin-transformer modules"), with implicit gradients by default
     (they do not depend on the iterations taken).
 
     **Arguments:**
 
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
-    - `solver`: `None` means `solvers.Anderson()`; `adjoint`: `None` means `Implicit("gmres", restart=5)`.
-    - `tol`: residual tolerance (∞-norm) of the steady state; `max_steps`, `throw` as
-      `solvers.fixed_point`.
-    - `m0`: initial guess, default the naive response φ(x).
-    - `norm`: `"inf"` or `"l2"`, the norm the residual is measured in.
-    - `return_solution`: return the whole `solvers.Solution`.
+    - `solver`: `None` means `solvers.Anderson(tol=1e-3)` (∞-norm residual; pass e.g.
+      `Anderson(tol=1e-6, norm=solvers.l2_norm)` for another rule); `adjoint`: `None` means
+      `solvers.Implicit()`; `throw` as `solvers.fixed_point`.
+    - `m0`: initial guess, default the decoupled response φ(x).
 
-    **Returns:** steady-state magnetizations `(n, D)` (or a `Solution`).
+    **Returns:** a `solvers.Solution`; its `value` holds the steady state `(n, D)`.
     """
-    _check_system("tap_ness", m0, x, J)
-    x, J, beta, R = as_float(x, J, beta, R)
-    if m0 is None:
-        m0 = _phi_large(x, beta, R)
-    m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
-    return solve("tap_ness", _ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint,
-                 tol=tol, max_steps=max_steps, throw=throw, return_solution=return_solution,
-                 norm=norm)
+    return _ness("tap_ness", _ness_map, x, J, beta, R, solver, adjoint, throw, m0)
+
+
+def mean_field_ness(
+    x: Float[ArrayLike, "n D"],
+    J: Float[ArrayLike, "n n"],
+    *,
+    beta: float | Float[ArrayLike, ""] = 1.0,
+    R: float | Float[ArrayLike, ""] = 1.0,
+    solver: solvers.AbstractSolver | None = None,
+    adjoint: solvers.AbstractAdjoint | None = None,
+    throw: bool = True,
+    m0: Float[ArrayLike, "n D"] | None = None,
+) -> solvers.Solution:
+    """Steady state of the first-order dynamics, m = φ(x + J m), solved as a fixed point.
+
+    The fixed point of `mean_field_step` with m_{t−1} = m_t; arguments and return value as
+    `tap_ness`.
+    """
+    return _ness("mean_field_ness", _mf_ness_map, x, J, beta, R, solver, adjoint, throw, m0)

@@ -1,0 +1,95 @@
+"""Matrix-free linear solvers for the backward pass of `Implicit`: `GMRES`, `BiCGStab`, and
+any fixed-point solver run on the Richardson map.
+
+They solve A w = b given only `matvec(w) = A w`, to the relative tolerance
+‖A w − b‖₂ ≤ tol·‖b‖₂ within `max_steps` matrix–vector products; the tolerance and budget
+come from the adjoint (`Implicit(tol=..., max_steps=...)`), the method from these objects.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ._solvers import AbstractFixedPointSolver, _BestSoFar, _FixedPointProblem, l2_norm
+
+
+class AbstractLinearSolver(eqx.Module):
+    """A matrix-free solver of A w = b (`solve(matvec, b, tol=, max_steps=) -> w`)."""
+
+    @abc.abstractmethod
+    def solve(self, matvec: Callable[[Array], Array], b: Array, *, tol, max_steps: int
+              ) -> Array:
+        """An approximate solution w of A w = b, started at w = b."""
+
+
+class GMRES(AbstractLinearSolver):
+    """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`, batched Arnoldi): each cycle builds a
+    Krylov basis of `restart` products, so the budget is rounded up to whole cycles."""
+
+    restart: int = eqx.field(default=20, static=True)
+
+    def __check_init__(self):
+        if not (isinstance(self.restart, int) and self.restart >= 1):
+            raise ValueError(f"GMRES(restart={self.restart!r}) must be an int >= 1.")
+
+    def solve(self, matvec, b, *, tol, max_steps):
+        restart = max(1, min(self.restart, b.shape[0]))
+        w, _ = jax.scipy.sparse.linalg.gmres(
+            matvec, b, x0=b, tol=tol, restart=restart,
+            maxiter=max(1, math.ceil(max_steps / restart)), solve_method="batched",
+        )
+        return w
+
+
+class BiCGStab(AbstractLinearSolver):
+    """BiCGSTAB (`jax.scipy.sparse.linalg.bicgstab`); two products per iteration."""
+
+    def solve(self, matvec, b, *, tol, max_steps):
+        w, _ = jax.scipy.sparse.linalg.bicgstab(matvec, b, x0=b, tol=tol, maxiter=max_steps)
+        return w
+
+
+def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
+    """Solve A w = b with a fixed-point solver on the Richardson map w ↦ w + (b − A w),
+    whose fixed-point residual is the linear residual b − A w.
+
+    `Picard()` gives the Neumann series (needs a contractive I − A); `Anderson()` a
+    restarted-GMRES-like Krylov method with a short, cheap history. The solver's own `tol`,
+    `max_steps` and `norm` are replaced by the adjoint's (‖·‖₂, relative to ‖b‖₂).
+    """
+    solver = dataclasses.replace(solver, tol=tol * l2_norm(b), max_steps=max_steps,
+                                 norm=l2_norm)
+    prob = _FixedPointProblem(lambda w, _: w + (b - matvec(w)))
+    best = _BestSoFar(solver)
+
+    def cond(c):
+        state, k = c
+        done, _ = best.terminate(state)
+        return (k < max_steps) & ~done
+
+    def body(c):
+        state, k = c
+        return best.step(prob, state, None), k + 1
+
+    state, _ = jax.lax.while_loop(cond, body, (best.init(prob, b, None), 0))
+    return best.best(state)[0]
+
+
+def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
+    """Dispatch to a linear solver or a fixed-point solver; returns `(w, ok)` where `ok`
+    checks the true residual ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and finiteness after the solve."""
+    if isinstance(linear_solver, AbstractFixedPointSolver):
+        w = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
+    else:
+        w = linear_solver.solve(matvec, b, tol=tol, max_steps=max_steps)
+    resid = l2_norm(matvec(w) - b)
+    ok = resid <= 10.0 * tol * l2_norm(b) + jnp.finfo(b.dtype).tiny
+    return w, ok & jnp.all(jnp.isfinite(w))
