@@ -1,13 +1,19 @@
 """Experiment configuration: YAML files read into frozen dataclasses.
 
 Every field has a default and a one-line meaning (`describe()` prints them). An unknown or
-mistyped key is an error that names the key and the nearest valid one; `--set a.b=v`
-overrides are applied on top of the file with the same checks.
+mistyped key is an error that names the key and the nearest valid one. Changes are a mapping
+of dotted keys to values, checked like the file: `cfg.replace({...})` on a config, and the
+command line's `--set a.b=v` (read as YAML scalars) on top of a file.
 
 ```python
 cfg = load_config("configs/quickstart.yaml", overrides=["train.steps=200"])
 cfg.train.steps  # 200
+cfg.replace({"train.steps": 5, "model.spin.update": "mean_field"}).train.steps  # 5
 ```
+
+The model section has one sub-section per registered attention (`model.spin`,
+`model.boltzmann`, ...): each attention module declares its own config dataclass with
+`spinformer.nn.register_attention`, and `ModelConfig` is built from the registry.
 """
 
 from __future__ import annotations
@@ -17,10 +23,15 @@ import difflib
 import pathlib
 import types
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
 
 import yaml
+
+from ._schema import ConfigError, option
+from .nn import BoltzmannConfig, SpinConfig
+from .nn import _registry
 
 __all__ = [
     "Config",
@@ -39,17 +50,12 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key and the fix."""
+_f = option
 
 
-def _f(default, help: str, choices: Optional[tuple] = None):
-    meta = {"help": help}
-    if choices is not None:
-        meta["choices"] = choices
-    if isinstance(default, type) and dataclasses.is_dataclass(default):
-        return field(default_factory=default, metadata=meta)
-    return field(default=default, metadata=meta)
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -67,99 +73,69 @@ class DataConfig:
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
 
-
-@dataclass(frozen=True)
-class SpinConfig:
-    beta: float = _f(1.0, "inverse temperature β of the vector-spin model")
-    update: str = _f("tap", "mean-field equations: naive (first order) or tap (second order, "
-                     "with Onsager/feed-forward corrections)", ("naive", "tap"))
-    mode: str = _f("fixed_point", "fixed_point: solve for the steady state; steps: take "
-                   "num_steps time steps", ("fixed_point", "steps"))
-    num_steps: int = _f(2, "steps mode: number of time steps K")
-    init: str = _f("reset", "steps mode: initial magnetizations: reset (fresh each call), "
-                   "learned (a trained per-head vector) or carried (passed in by the caller)",
-                   ("reset", "learned", "carried"))
-    solver: str = _f("anderson", "fixed-point solver", ("anderson", "picard", "broyden",
-                                                        "jaxopt_anderson"))
-    adjoint: str = _f("implicit", "how gradients flow through the fixed point",
-                      ("implicit", "unrolled", "phantom", "onestep"))
-    adjoint_solver: str = _f("gmres", "implicit adjoint only: linear solver of the backward "
-                             "system", ("gmres", "bicgstab", "anderson", "picard"))
-    adjoint_tol: float = _f(1e-3, "implicit adjoint only: relative tolerance of the backward "
-                            "linear solve")
-    adjoint_restart: int = _f(5, "implicit adjoint only: Krylov size (gmres) or history "
-                              "(anderson) of the backward solve")
-    tol: float = _f(1e-3, "fixed-point tolerance on the max-norm residual")
-    max_steps: int = _f(30, "most solver iterations per fixed point")
-    output_proj: bool = _f(True, "mix the heads' magnetizations with a learned linear map")
-    field_ffn: int = _f(0, "hidden width of an FFN added to the external fields "
-                        "(x -> x + FFN(x)); 0 for none")
+    def __post_init__(self):
+        _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
+        _need(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1.")
+        _need(self.eval_batches >= 1, f"eval_batches={self.eval_batches} must be >= 1.")
+        _need(0.0 < self.val_fraction < 1.0,
+              f"val_fraction={self.val_fraction} must be in (0, 1).")
 
 
-@dataclass(frozen=True)
-class BoltzmannConfig:
-    mode: str = _f("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: sigmoid "
-                   "attention), J (h=0), softmax (plain softmax, for ablations), or the "
-                   "three-body variants hK, hJK, JK, K",
-                   ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"))
-    inference: str = _f("exact", "how magnetizations are computed: exact (enumeration, T<=24), "
-                        "mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
-                        ("exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa"))
-    init_scale: float = _f(0.0, "standard deviation of the initial couplings J (and K); "
-                           "0 starts at sigmoid attention")
-    num_samples: int = _f(256, "samplers: samples per query and head")
-    burn_in: int = _f(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
-    dqa_steps: int = _f(200, "dqa: Trotter steps of the simulated anneal")
-    dqa_time: float = _f(5.0, "dqa: total anneal time")
-    tol: float = _f(1e-4, "mean_field/tap: fixed-point tolerance")
-    max_steps: int = _f(100, "mean_field/tap: most solver iterations")
+def _model_fields():
+    """The fields of `ModelConfig`: the attention's name, the sizes, and one section per
+    registered attention that declares a config."""
+    regs = _registry.registrations()
+    names = tuple(r.name for r in regs)
+    described = ", ".join(f"{r.name} ({r.help})" if r.help else r.name for r in regs)
+    fields = [
+        ("attention", str, _f("spin" if "spin" in names else names[0],
+                              f"attention mechanism: {described}", names)),
+        ("dim", int, _f(32, "model width D")),
+        ("depth", int, _f(1, "number of blocks")),
+        ("num_heads", int, _f(1, "attention heads per block (D must be divisible by it)")),
+        ("ffn_hidden", int, _f(64, "hidden width of each block's feed-forward network "
+                                   "(0: none)")),
+        ("dropout", float, _f(0.0, "dropout rate on the residual branches")),
+    ]
+    for r in regs:
+        if r.config is not None:
+            fields.append((r.name, r.config, _f(r.config, f"options of {r.name} attention "
+                                                          f"(used only by attention={r.name})")))
+    return fields
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    attention: str = _f("spin", "attention mechanism: softmax, spin (vector-spin mean field) or "
-                        "boltzmann (Ising model over key positions)",
-                        ("softmax", "spin", "boltzmann"))
-    dim: int = _f(32, "model width D")
-    depth: int = _f(1, "number of blocks")
-    num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
-    ffn_hidden: int = _f(64, "hidden width of each block's feed-forward network (0: none)")
-    dropout: float = _f(0.0, "dropout rate on the residual branches")
-    spin: SpinConfig = _f(SpinConfig, "options of spin attention (used only by attention=spin)")
-    boltzmann: BoltzmannConfig = _f(BoltzmannConfig, "options of Boltzmann attention (used "
-                                    "only by attention=boltzmann)")
+def _check_model(self):
+    if not (self.dim >= 1 and self.depth >= 1 and self.num_heads >= 1):
+        raise ConfigError("dim, depth and num_heads must be >= 1.")
+    if self.dim % self.num_heads:
+        raise ConfigError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}.")
+    least = _registry.get_attention(self.attention).min_head_dim
+    if self.dim // self.num_heads < least:
+        raise ConfigError(f"{self.attention} attention needs a head width dim/num_heads >= "
+                          f"{least}; got {self.dim // self.num_heads}.")
+    if not 0.0 <= self.dropout < 1.0:
+        raise ConfigError(f"dropout={self.dropout} must be in [0, 1).")
 
-    def attention_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the attention constructor."""
-        if self.attention == "boltzmann":
-            b = self.boltzmann
-            return dict(mode=b.mode, inference=b.inference, init_scale=b.init_scale,
-                        num_samples=b.num_samples, burn_in=b.burn_in, dqa_steps=b.dqa_steps,
-                        dqa_time=b.dqa_time, tol=b.tol, max_steps=b.max_steps)
-        if self.attention != "spin":
-            return {}
-        from . import solvers
 
-        s = self.spin
-        solver = {
-            "anderson": solvers.Anderson(),
-            "picard": solvers.Picard(),
-            "broyden": solvers.Broyden(),
-            "jaxopt_anderson": solvers.JaxoptAnderson(),
-        }[s.solver]
-        adjoint = {
-            "implicit": solvers.Implicit(
-                linear_solver=s.adjoint_solver, tol=s.adjoint_tol, restart=s.adjoint_restart
-            ),
-            "unrolled": solvers.Unrolled(),
-            "phantom": solvers.Phantom(),
-            "onestep": solvers.OneStep(),
-        }[s.adjoint]
-        return dict(
-            beta=s.beta, update=s.update, mode=s.mode, num_steps=s.num_steps, init=s.init,
-            solver=solver, adjoint=adjoint, tol=s.tol, max_steps=s.max_steps,
-            output_proj=s.output_proj, field_ffn=s.field_ffn,
-        )
+def _make_model_config():
+    cls = dataclasses.make_dataclass(
+        "ModelConfig", _model_fields(), frozen=True,
+        namespace={"__post_init__": _check_model,
+                   "__doc__": "The model: attention, sizes, and each attention's options."},
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+ModelConfig = _make_model_config()
+
+
+def _rebuild_model_config():
+    global ModelConfig
+    ModelConfig = _make_model_config()
+
+
+_registry.on_change(_rebuild_model_config)
 
 
 @dataclass(frozen=True)
@@ -185,20 +161,46 @@ class TrainConfig:
     seed: int = _f(0, "seed of the model initialisation and dropout")
     progress: bool = _f(True, "show a progress bar")
 
+    def __post_init__(self):
+        _need(self.steps >= 1, f"steps={self.steps} must be >= 1.")
+        _need(self.lr > 0, f"lr={self.lr} must be > 0.")
+        _need(self.log_every >= 1 and self.eval_every >= 1,
+              "log_every and eval_every must be >= 1.")
+        _need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1.")
+        _need(self.patience >= 0 and self.checkpoint_every >= 0,
+              "patience and checkpoint_every must be >= 0.")
+
 
 @dataclass(frozen=True)
 class Config:
     description: str = _f("", "one line saying what this experiment is")
     data: DataConfig = _f(DataConfig, "the dataset")
-    model: ModelConfig = _f(ModelConfig, "the model")
+    # built when asked: `ModelConfig` is rebuilt whenever an attention is registered
+    model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig(),
+                                           metadata={"help": "the model"})
     train: TrainConfig = _f(TrainConfig, "the optimisation loop")
 
-    def replace(self, **overrides: str) -> "Config":
-        """A copy with dotted overrides applied, e.g. `cfg.replace(**{"train.steps": "5"})`."""
-        raw = to_dict(self)
-        for k, v in overrides.items():
-            _set_dotted(raw, k, v if not isinstance(v, str) else yaml.safe_load(v))
-        return from_dict(raw)
+    def replace(self, changes: Optional[Mapping[str, Any]] = None, /, **dotted: str
+                ) -> "Config":
+        """A copy with changes, checked like a config file.
+
+        **Arguments:**
+
+        - `changes`: a mapping of dotted keys to Python values, e.g.
+          `cfg.replace({"train.steps": 5, "model.boltzmann.mode": "h"})`.
+        - `dotted`: deprecated: dotted keys as keyword arguments with values given as YAML
+          strings (`cfg.replace(**{"train.steps": "5"})`); use `changes`.
+
+        **Returns:** a new frozen `Config`. Raises `ConfigError` naming any bad key or value.
+        """
+        changes = dict(changes or {})
+        if dotted:
+            warnings.warn("Config.replace(**{key: yaml_string}) is deprecated; pass a mapping "
+                          "of typed values, cfg.replace({key: value}).", DeprecationWarning,
+                          stacklevel=2)
+            changes.update({k: yaml.safe_load(v) if isinstance(v, str) else v
+                            for k, v in dotted.items()})
+        return _build(to_dict(self), changes)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -258,8 +260,9 @@ def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     )
 
 
-def from_dict(raw: Optional[dict], cls=Config, prefix: str = ""):
+def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
     """Build `cls` (a config dataclass) from a nested dict, checking every key and type."""
+    cls = Config if cls is None else cls
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(
@@ -278,48 +281,20 @@ def from_dict(raw: Optional[dict], cls=Config, prefix: str = ""):
             kwargs[key] = from_dict(value, tp, where + ".")
             continue
         v = _coerce(value, tp, where)
+        renamed = fields[key].metadata.get("renamed", {})
+        if v in renamed:
+            raise ConfigError(f"{where}: {v!r} is now called {renamed[v]!r}; use "
+                              f"{where}={renamed[v]}.")
         choices = fields[key].metadata.get("choices")
         if choices is not None and v not in choices:
             close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{where}: {v!r} is not one of {list(choices)}.{hint}")
         kwargs[key] = v
-    cfg = cls(**kwargs)
-    _validate(cfg, prefix)
-    return cfg
-
-
-def _validate(cfg, prefix: str):
-    def need(cond, msg):
-        if not cond:
-            raise ConfigError(prefix + msg)
-
-    if isinstance(cfg, DataConfig):
-        need(cfg.seq_len >= 2, f"seq_len={cfg.seq_len} must be >= 2.")
-        need(cfg.batch_size >= 1, f"batch_size={cfg.batch_size} must be >= 1.")
-        need(cfg.eval_batches >= 1, f"eval_batches={cfg.eval_batches} must be >= 1.")
-        need(0.0 < cfg.val_fraction < 1.0, f"val_fraction={cfg.val_fraction} must be in (0, 1).")
-    elif isinstance(cfg, ModelConfig):
-        need(cfg.dim >= 1 and cfg.depth >= 1 and cfg.num_heads >= 1,
-             "dim, depth and num_heads must be >= 1.")
-        need(cfg.dim % cfg.num_heads == 0,
-             f"dim={cfg.dim} is not divisible by num_heads={cfg.num_heads}.")
-        if cfg.attention == "spin":
-            need(cfg.dim // cfg.num_heads > 2,
-                 f"spin attention needs a head width dim/num_heads > 2 (the spin radius is "
-                 f"sqrt(D_h/2 - 1)); got {cfg.dim // cfg.num_heads}.")
-        need(0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout} must be in [0, 1).")
-    elif isinstance(cfg, BoltzmannConfig):
-        need(cfg.num_samples >= 1 and cfg.dqa_steps >= 1 and cfg.max_steps >= 1,
-             "num_samples, dqa_steps and max_steps must be >= 1.")
-        need(cfg.burn_in >= 0 and cfg.init_scale >= 0, "burn_in and init_scale must be >= 0.")
-    elif isinstance(cfg, TrainConfig):
-        need(cfg.steps >= 1, f"steps={cfg.steps} must be >= 1.")
-        need(cfg.lr > 0, f"lr={cfg.lr} must be > 0.")
-        need(cfg.log_every >= 1 and cfg.eval_every >= 1, "log_every and eval_every must be >= 1.")
-        need(cfg.keep_checkpoints >= 1, "keep_checkpoints must be >= 1.")
-        need(cfg.patience >= 0 and cfg.checkpoint_every >= 0,
-             "patience and checkpoint_every must be >= 0.")
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:  # a section's own checks (`__post_init__`), named by its place
+        raise ConfigError(prefix + str(e)) from None
 
 
 def to_dict(cfg) -> dict:
@@ -353,9 +328,18 @@ def _set_dotted(raw: dict, dotted: str, value):
         cls = tp
 
 
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """Parse `["a.b=v", ...]` into `[("a.b", value), ...]`, values read as YAML scalars."""
-    out = []
+def _build(raw: dict, changes: Mapping[str, Any]) -> "Config":
+    """`from_dict(raw)` after setting each dotted key of `changes` (the one place where
+    changes are applied: `Config.replace` and `load_config`'s overrides both come here)."""
+    for k, v in changes.items():
+        _set_dotted(raw, k, v)
+    return from_dict(raw)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Parse `["a.b=v", ...]` (the command line's `--set`) into `{"a.b": value, ...}`, values
+    read as YAML scalars; a later key wins."""
+    out: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.steps=200.")
@@ -363,7 +347,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         k = k.strip()
         if not k:
             raise ConfigError(f"--set {item!r}: the key is empty.")
-        out.append((k, yaml.safe_load(v) if v.strip() else ""))
+        out[k] = yaml.safe_load(v) if v.strip() else ""
     return out
 
 
@@ -374,7 +358,8 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
     **Arguments:**
 
     - `path`: a YAML file.
-    - `overrides`: `["a.b=v", ...]` strings.
+    - `overrides`: `["a.b=v", ...]` strings (`--set`), or a mapping `{"a.b": value}` of
+      typed values as for `Config.replace`.
 
     **Returns:** a frozen `Config`. Raises `ConfigError` naming any bad key or value.
     """
@@ -390,9 +375,11 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
             raise ConfigError(f"{p}: not valid YAML: {e}") from e
         if not isinstance(raw, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections.")
-    for k, v in parse_overrides(list(overrides or [])):
-        _set_dotted(raw, k, v)
-    return from_dict(raw)
+    if isinstance(overrides, Mapping):
+        changes = dict(overrides)
+    else:
+        changes = parse_overrides(list(overrides or []))
+    return _build(raw, changes)
 
 
 def save_config(cfg: Config, path: Union[str, pathlib.Path]) -> None:
@@ -400,8 +387,9 @@ def save_config(cfg: Config, path: Union[str, pathlib.Path]) -> None:
     pathlib.Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def describe(cls=Config, prefix: str = "") -> str:
+def describe(cls=None, prefix: str = "") -> str:
     """Every field with its default and its one-line meaning, one per line."""
+    cls = Config if cls is None else cls
     lines = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):

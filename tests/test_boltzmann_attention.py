@@ -153,10 +153,10 @@ def test_exact_magnetizations_match_enumeration(mode, getkey, x64):
     for (name, attn, xx, vis, kv), (y, diag) in zip(cases, results):
         h, m = _brute_all(attn, xx, kv, vis)
         err = f"{mode}/{name}"
-        np.testing.assert_allclose(diag["fields"], h, atol=1e-12, err_msg=err)
-        np.testing.assert_allclose(diag["magnetizations"], m, atol=1e-10, err_msg=err)
+        np.testing.assert_allclose(diag.fields, h, atol=1e-12, err_msg=err)
+        np.testing.assert_allclose(diag.magnetizations, m, atol=1e-10, err_msg=err)
         weights = _weights(m, vis)
-        np.testing.assert_allclose(diag["couplings"], weights, atol=1e-10, err_msg=err)
+        np.testing.assert_allclose(diag.weights, weights, atol=1e-10, err_msg=err)
         np.testing.assert_allclose(y, _output(attn, kv, weights), atol=1e-10, err_msg=err)
         if mode not in ("h", "J"):  # the couplings matter: this is not sigmoid attention
             assert np.abs(m - np.tanh(h) * vis).max() > 0.05, err
@@ -192,7 +192,7 @@ def test_J_uniform_h_sigmoid_softmax_baseline(getkey, x64):
     attn = _bm("J", key=k, causal=True, init_scale=1.0)
     for (_, diag), vis in zip(_three_cases(attn, *args), visible):
         want = np.broadcast_to(_normalise(vis.astype(float)), (H,) + vis.shape)
-        np.testing.assert_allclose(diag["couplings"], want, atol=1e-14)
+        np.testing.assert_allclose(diag.weights, want, atol=1e-14)
     w_out = _normal(22, T, D)
     grads = eqx.filter_jit(eqx.filter_grad(lambda a: jnp.sum(a(x) * w_out)))(attn)
     assert np.all(np.asarray(grads.J) == 0.0)
@@ -203,7 +203,7 @@ def test_J_uniform_h_sigmoid_softmax_baseline(getkey, x64):
     for (_, diag), vis, (xx, kv) in zip(_three_cases(attn, *args), visible,
                                         ((x, x), (x, x), (x[:3], ctx))):
         sig = 1.0 / (1.0 + np.exp(-2.0 * _fields(attn, xx, kv)))
-        np.testing.assert_allclose(diag["couplings"], _weights(2.0 * sig - 1.0, vis), atol=1e-12)
+        np.testing.assert_allclose(diag.weights, _weights(2.0 * sig - 1.0, vis), atol=1e-12)
 
     # mode softmax equals SoftmaxAttention with the same projections
     attn = _bm("softmax", key=k, causal=True)
@@ -213,7 +213,7 @@ def test_J_uniform_h_sigmoid_softmax_baseline(getkey, x64):
         ref = eqx.tree_at(lambda m, lin=lin: getattr(m, lin), ref, getattr(attn, lin))
     for (y, d1), (y_ref, d2) in zip(_three_cases(attn, *args), _three_cases(ref, *args)):
         np.testing.assert_allclose(y, y_ref, atol=1e-12)
-        np.testing.assert_allclose(d1["couplings"], d2["couplings"], atol=1e-12)
+        np.testing.assert_allclose(d1.weights, d2.weights, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- 3. gradients
@@ -261,8 +261,8 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
     T = 5
     k = getkey()
     # plain iteration forward and backward (compiles 3x faster than Anderson), solved tightly
-    tight = dict(solver=solvers.Picard(), tol=1e-13, max_steps=500,
-                 adjoint=solvers.Implicit("picard", tol=1e-13, max_steps=500))
+    tight = dict(solver=solvers.Picard(tol=1e-13, max_steps=500),
+                 adjoint=solvers.Implicit(solvers.Picard(), tol=1e-13, max_steps=500))
     x, w = _normal(32, T, D), _normal(33, T, D)
     mask = _random_mask(2, T, T)
     mask[-2:] = True
@@ -273,13 +273,15 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
         # weak couplings, where mean field and TAP are meant to work
         attn = _bm(mode, key=k, causal=True, inference=inference, init_scale=0.2, **tight)
         (_, diag), _ = value_and_grad(attn)
-        assert np.all(np.asarray(diag["result"]) == 0) and diag["num_steps"].shape == (H, T)
+        stats = diag.solver
+        assert np.all(np.asarray(stats.result) == solvers.RESULTS.successful)
+        assert stats.num_steps.shape == stats.residual.shape == (H, T)
         # implicit gradients against finite differences of the same (tightly solved) fixed point
         where = ("J", "to_q.weight", "to_k.weight") + (("K",) if "K" in mode else ())
         _check_fd(attn, value_and_grad, 50, where=where, rtol=1e-6)
         if mode == "hJ":
             _, exact = _brute_all(attn, x, x, vis)
-            errs[inference] = np.abs(np.asarray(diag["magnetizations"]) - exact).mean()
+            errs[inference] = np.abs(np.asarray(diag.magnetizations) - exact).mean()
     # TAP (Onsager-corrected) is closer to the exact marginals than naive mean field
     assert errs["tap"] < 0.5 * errs["mean_field"], errs
     assert errs["mean_field"] > 1e-3, errs  # the comparison is not between two zeros
@@ -290,7 +292,7 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
 
 @eqx.filter_jit
 def _sampled(attn, x, key):
-    return attn(x, key=key, return_diagnostics=True)[1]["magnetizations"]
+    return attn(x, key=key, return_diagnostics=True)[1].magnetizations
 
 
 def test_samplers_match_enumeration(getkey, x64):
@@ -535,9 +537,9 @@ def test_all_positions_ignored_gives_finite_gradients(getkey):
     x = jax.random.normal(getkey(), (D,)) + 1e-3 * jax.random.normal(getkey(), (T, D))
     out, diag = attn(x, return_diagnostics=True)
     visible = np.tril(np.ones((T, T), bool))
-    assert float(jnp.max(diag["magnetizations"][:, visible])) < -0.999
+    assert float(jnp.max(diag.magnetizations[:, visible])) < -0.999
     grads = eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2))(attn)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
     assert bool(jnp.all(jnp.isfinite(out)))
-    rows = jnp.sum(diag["couplings"], axis=-1)
+    rows = jnp.sum(diag.weights, axis=-1)
     np.testing.assert_allclose(rows, 1.0, rtol=1e-5)

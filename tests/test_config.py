@@ -12,7 +12,8 @@ def test_defaults_and_help():
     cfg = C.load_config()
     assert cfg.train.steps == 1000 and cfg.model.spin.update == "tap"
     text = C.describe()
-    for cls in (C.Config, C.DataConfig, C.ModelConfig, C.SpinConfig, C.TrainConfig):
+    for cls in (C.Config, C.DataConfig, C.ModelConfig, C.SpinConfig, C.BoltzmannConfig,
+                C.TrainConfig):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no one-line meaning"
             assert f.name in text
@@ -27,12 +28,49 @@ def test_shipped_configs_load(path):
 
 
 def test_overrides():
-    cfg = C.load_config(None, ["train.steps=200", "train.lr=1e-3", "model.spin.update=naive",
+    cfg = C.load_config(None, ["train.steps=200", "train.lr=1e-3", "model.spin.update=mean_field",
                                "train.coupling_lr=null", "data.max_chars=1000"])
     assert cfg.train.steps == 200 and cfg.train.lr == 1e-3
-    assert cfg.model.spin.update == "naive" and cfg.train.coupling_lr is None
+    assert cfg.model.spin.update == "mean_field" and cfg.train.coupling_lr is None
     assert cfg.data.max_chars == 1000
-    assert cfg.replace(**{"train.steps": "5"}).train.steps == 5
+    assert C.parse_overrides(["train.steps=5", "model.spin.beta=0.5", "train.steps=6"]) == {
+        "train.steps": 6, "model.spin.beta": 0.5}
+
+
+def test_replace_takes_typed_values():
+    cfg = C.load_config()
+    new = cfg.replace({"train.steps": 5, "model.boltzmann.mode": "h", "train.lr": 1,
+                       "data.max_chars": None})
+    assert new.train.steps == 5 and new.model.boltzmann.mode == "h"
+    assert new.train.lr == 1.0 and isinstance(new.train.lr, float)
+    assert cfg.train.steps == 1000  # the original is unchanged
+    # the same checks as a file, and the same code as load_config's overrides
+    assert new == C.load_config(None, {"train.steps": 5, "model.boltzmann.mode": "h",
+                                       "train.lr": 1.0, "data.max_chars": None})
+    for changes, message in (({"train.steps": "5"}, "expected an integer"),
+                             ({"train.stpes": 5}, "Did you mean 'train.steps'"),
+                             ({"model.boltzmann.mode": "xx"}, "is not one of"),
+                             ({"train": 3}, "is a section")):
+        with pytest.raises(C.ConfigError, match=message):
+            cfg.replace(changes)
+    with pytest.warns(DeprecationWarning):  # the older YAML-string keywords still work
+        assert cfg.replace(**{"train.steps": "5"}).train.steps == 5
+
+
+def test_renamed_value():
+    with pytest.raises(C.ConfigError, match="model.spin.update: 'naive' is now called "
+                       "'mean_field'; use model.spin.update=mean_field"):
+        C.load_config(None, ["model.spin.update=naive"])
+
+
+def test_sections_come_from_the_registry():
+    from spinformer import nn
+
+    assert C.SpinConfig is nn.SpinConfig and C.BoltzmannConfig is nn.BoltzmannConfig
+    fields = {f.name: f for f in dataclasses.fields(C.ModelConfig)}
+    assert fields["attention"].metadata["choices"] == nn.ATTENTIONS
+    assert "spin" in fields and "boltzmann" in fields and "softmax" not in fields
+    assert not hasattr(C.ModelConfig, "attention_kwargs")
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,18 @@
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spinformer import nn, solvers
+from spinformer import config as C
+from spinformer import nn, solvers, train
+from spinformer._schema import option
 from spinformer.nn._transformer import _unroll_call
 from spinformer.spins import vector
 
-TIGHT = dict(solver=solvers.Anderson(), tol=1e-6, max_steps=200)
+TIGHT = dict(solver=solvers.Anderson(tol=1e-6, max_steps=200))
 
 
 @eqx.filter_jit
@@ -25,9 +29,10 @@ def test_softmax_shapes_and_weights(getkey):
     attn = nn.SoftmaxAttention(16, 4, causal=True, key=getkey())
     x = jax.random.normal(getkey(), (7, 16))
     y, diag = call(attn, x, return_diagnostics=True)
-    assert y.shape == x.shape and diag["couplings"].shape == (4, 7, 7)
-    np.testing.assert_allclose(diag["couplings"].sum(-1), 1.0, rtol=1e-6)
-    assert float(jnp.abs(jnp.triu(diag["couplings"], 1)).max()) == 0.0
+    assert y.shape == x.shape and diag.weights.shape == (4, 7, 7)
+    np.testing.assert_allclose(diag.weights.sum(-1), 1.0, rtol=1e-6)
+    assert float(jnp.abs(jnp.triu(diag.weights, 1)).max()) == 0.0
+    assert diag.couplings is None and diag.solver is None
     ctx = jax.random.normal(getkey(), (3, 16))
     assert call(attn, x, context=ctx).shape == (7, 16)
     with pytest.raises(ValueError, match="divisible"):
@@ -39,23 +44,23 @@ def test_softmax_shapes_and_weights(getkey):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(update="naive", mode="fixed_point", **TIGHT),
-        dict(update="naive", mode="steps", num_steps=3),
+        dict(update="mean_field", mode="fixed_point", **TIGHT),
+        dict(update="mean_field", mode="steps", num_steps=3),
         dict(update="tap", mode="steps", num_steps=2, init="learned", **TIGHT),
     ],
-    ids=["naive-ness", "naive-steps", "tap-steps-learned"],
+    ids=["mf-ness", "mf-steps", "tap-steps-learned"],
 )
 def test_spin_shapes_and_causal_no_leak(kw, getkey, x64):
     attn = _spin(16, 2, getkey(), causal=True, **kw)
     x = jax.random.normal(getkey(), (6, 16))
     y, diag = attn(x, return_diagnostics=True)
     assert y.shape == x.shape
-    assert diag["couplings"].shape == (2, 6, 6) and diag["magnetizations"].shape == (2, 6, 8)
-    assert diag["num_steps"].shape == diag["result"].shape == (2,)
-    assert (diag["result"] == 0).all()
-    assert float(jnp.abs(jnp.triu(diag["couplings"], 1)).max()) == 0.0
+    assert diag.couplings.shape == (2, 6, 6) and diag.magnetizations.shape == (2, 6, 8)
+    assert diag.solver.num_steps.shape == diag.solver.result.shape == (2,)
+    assert (diag.solver.result == solvers.RESULTS.successful).all()
+    assert float(jnp.abs(jnp.triu(diag.couplings, 1)).max()) == 0.0
     # magnetizations live inside the ball of radius R
-    assert float(jnp.linalg.norm(diag["magnetizations"], axis=-1).max()) < attn.radius
+    assert float(jnp.linalg.norm(diag.magnetizations, axis=-1).max()) < attn.radius
     # changing the future leaves the past unchanged (up to the solver tolerance)
     x2 = x.at[4:].set(jax.random.normal(getkey(), (2, 16)) * 3)
     y2 = call(attn, x2)
@@ -80,8 +85,9 @@ def _block_diag_qk(multi, singles):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(update="tap", mode="fixed_point", **TIGHT), dict(update="naive", mode="steps", num_steps=2)],
-    ids=["tap-ness", "naive-steps"],
+    [dict(update="tap", mode="fixed_point", **TIGHT),
+     dict(update="mean_field", mode="steps", num_steps=2)],
+    ids=["tap-ness", "mf-steps"],
 )
 def test_multi_head_equals_single_heads(kw, getkey, x64):
     H, dh, n = 3, 8, 5
@@ -89,7 +95,7 @@ def test_multi_head_equals_single_heads(kw, getkey, x64):
     multi = _block_diag_qk(_spin(H * dh, H, getkey(), causal=True, **kw), singles)
     x = jax.random.normal(getkey(), (n, H * dh))
     y, diag = call(multi, x, return_diagnostics=True)
-    assert (diag["result"] == 0).all()
+    assert (diag.solver.result == solvers.RESULTS.successful).all()
     for i, s in enumerate(singles):
         sl = slice(i * dh, (i + 1) * dh)
         np.testing.assert_allclose(y[:, sl], call(s, x[:, sl]), rtol=1e-7, atol=1e-9)
@@ -101,7 +107,7 @@ def test_multi_head_equals_single_heads(kw, getkey, x64):
 
 
 def test_spin_matches_the_physics(getkey, x64):
-    attn = _spin(16, 2, getkey(), update="naive", mode="steps", num_steps=1)
+    attn = _spin(16, 2, getkey(), update="mean_field", mode="steps", num_steps=1)
     x = jax.random.normal(getkey(), (5, 16))
     y, diag = call(attn, x, return_diagnostics=True)
     xh = attn.fields(x)
@@ -110,52 +116,53 @@ def test_spin_matches_the_physics(getkey, x64):
     np.testing.assert_allclose(jnp.linalg.norm(xh, axis=-1), R, rtol=1e-6)
     for h in range(2):
         m0 = vector.magnetization(xh[h], beta=1.0, R=R)
-        want = vector.naive_step(m0, xh[h], diag["couplings"][h], beta=1.0, R=R)
-        np.testing.assert_allclose(diag["magnetizations"][h], want, rtol=1e-10)
+        want = vector.mean_field_step(m0, xh[h], diag.couplings[h], beta=1.0, R=R)
+        np.testing.assert_allclose(diag.magnetizations[h], want, rtol=1e-10)
     # the steady state is a fixed point of the time step
-    ness = _spin(16, 2, getkey(), update="naive", mode="fixed_point", **TIGHT)
+    ness = _spin(16, 2, getkey(), update="mean_field", mode="fixed_point", **TIGHT)
     _, d = call(ness, x, return_diagnostics=True)
     xh = ness.fields(x)
     for h in range(2):
-        again = vector.naive_step(d["magnetizations"][h], xh[h], d["couplings"][h], beta=1.0, R=R)
-        np.testing.assert_allclose(again, d["magnetizations"][h], atol=1e-6)
+        again = vector.mean_field_step(d.magnetizations[h], xh[h], d.couplings[h], beta=1.0, R=R)
+        np.testing.assert_allclose(again, d.magnetizations[h], atol=1e-6)
 
 
 def test_carried_state_and_cross_attention(getkey, x64):
     k = getkey()
-    kw = dict(update="naive", mode="steps", init="carried")
+    kw = dict(update="mean_field", mode="steps", init="carried")
     attn = _spin(16, 2, k, num_steps=1, **kw)
     x = jax.random.normal(getkey(), (5, 16))
     y1, d1 = call(attn, x, return_diagnostics=True)
-    y2, d2 = call(attn, x, state=d1["state"], return_diagnostics=True)
-    assert d1["state"].shape == x.shape and not np.allclose(y1, y2)
+    y2, d2 = call(attn, x, state=d1.state, return_diagnostics=True)
+    assert d1.state.shape == x.shape and not np.allclose(y1, y2)
     # two one-step calls with the carried state equal one two-step call
     two = _spin(16, 2, k, num_steps=2, **kw)
     np.testing.assert_allclose(y2, call(two, x), rtol=1e-10)
     with pytest.raises(ValueError, match="state must have shape"):
         attn(x, state=jnp.zeros((4, 16)))
     # cross-attention: the context acts as the previous magnetizations
-    cross = _spin(16, 2, getkey(), update="naive")
+    cross = _spin(16, 2, getkey(), update="mean_field")
     c = jax.random.normal(getkey(), (5, 16))
     y, d = call(cross, x, context=c, return_diagnostics=True)
-    assert y.shape == x.shape and d["couplings"].shape == (2, 5, 5)
+    assert y.shape == x.shape and d.couplings.shape == (2, 5, 5)
     xh, ch = cross.fields(x), cross.fields(c)
     R = cross.radius
     for h in range(2):
-        want = vector.naive_step(vector.magnetization(ch[h], beta=1.0, R=R), xh[h],
-                                 d["couplings"][h], beta=1.0, R=R)
-        np.testing.assert_allclose(d["magnetizations"][h], want, rtol=1e-10)
+        want = vector.mean_field_step(vector.magnetization(ch[h], beta=1.0, R=R), xh[h],
+                                 d.couplings[h], beta=1.0, R=R)
+        np.testing.assert_allclose(d.magnetizations[h], want, rtol=1e-10)
     ctx3 = jax.random.normal(getkey(), (3, 16))
     tap_cross = _spin(16, 2, getkey(), update="tap", **TIGHT)
     assert call(tap_cross, x, context=ctx3).shape == (5, 16)
 
 
 @pytest.mark.parametrize(
-    "update", ["naive", pytest.param("tap", marks=pytest.mark.slow)]
+    "update", ["mean_field", pytest.param("tap", marks=pytest.mark.slow)]
 )
 def test_spin_gradients_implicit_vs_unrolled_vs_fd(update, getkey, x64):
     x = jax.random.normal(getkey(), (4, 8))
-    base = _spin(8, 1, getkey(), causal=True, update=update, tol=1e-10, max_steps=40)
+    base = _spin(8, 1, getkey(), causal=True, update=update,
+                 solver=solvers.Anderson(tol=1e-10, max_steps=40))
 
     @eqx.filter_jit
     def loss(a):
@@ -181,18 +188,21 @@ def test_spin_errors(getkey):
         nn.SpinAttention(8, 1, update="exact", key=getkey())
     with pytest.raises(ValueError, match="mode"):
         nn.SpinAttention(8, 1, mode="ode", key=getkey())
+    with pytest.raises(ValueError, match="'naive' is now called 'mean_field'"):
+        nn.SpinAttention(8, 1, update="naive", key=getkey())
 
 
 @pytest.mark.parametrize("attention", ["softmax", "spin"])
 def test_scan_stack_equals_loop_and_heads(attention, getkey):
-    kw = {"update": "naive", "mode": "steps", "num_steps": 2} if attention == "spin" else {}
+    kw = {"update": "mean_field", "mode": "steps", "num_steps": 2} if attention == "spin" else {}
     model = nn.Transformer(12, 16, 3, num_heads=2, max_len=10, attention=attention,
                            attention_kwargs=kw, causal=True, ffn_hidden=8, key=getkey())
     tokens = jax.random.randint(getkey(), (9,), 0, 12)
     h, diag = call(model, tokens, return_diagnostics=True)
     loop = eqx.filter_jit(_unroll_call)(model, tokens)
     np.testing.assert_allclose(h, loop, rtol=1e-5, atol=1e-6)
-    assert diag["couplings"].shape == (3, 2, 9, 9)
+    pattern = diag.weights if attention == "softmax" else diag.couplings
+    assert pattern.shape == (3, 2, 9, 9)
     with pytest.raises(ValueError, match="max_len"):
         call(model, jnp.zeros(11, jnp.int32))
 
@@ -230,3 +240,117 @@ def test_compile_size_does_not_grow_with_depth(getkey):
 def test_unknown_attention(getkey):
     with pytest.raises(ValueError, match="unknown attention"):
         nn.Transformer(12, 16, 1, attention="hopfield", key=getkey())
+
+
+def test_sequence_model_pool(getkey):
+    common = dict(dim=16, depth=1, num_heads=2, max_len=10, key=getkey())
+    tagger, clf = nn.Tagger(12, 5, **common), nn.Classifier(12, 5, **common)
+    lm = nn.CausalLM(12, **common)
+    assert all(isinstance(m, nn.SequenceModel) for m in (tagger, clf, lm))
+    assert (tagger.pool, clf.pool, lm.pool) == ("none", "mean", "none")
+    assert lm.transformer.causal and lm.readout.out_features == 12
+    tokens = jax.random.randint(getkey(), (9,), 0, 12)
+    # the same key builds the same transformer and readout: only the pooling differs
+    h = call(tagger.transformer, tokens)
+    np.testing.assert_allclose(call(tagger, tokens), jax.vmap(tagger.readout)(h), rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(call(clf, tokens), clf.readout(h.mean(0)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pool='max'"):
+        nn.SequenceModel(12, 5, 16, 1, pool="max", key=getkey())
+
+
+def test_carried_state_through_transformer(getkey):
+    kw = dict(update="mean_field", mode="steps", init="carried")
+    k, tokens = getkey(), jax.random.randint(getkey(), (8,), 0, 12)
+
+    def lm(steps, depth=1, key=k):
+        return nn.CausalLM(12, 16, depth, num_heads=2, max_len=8, attention="spin",
+                           attention_kwargs=dict(num_steps=steps, **kw), key=key)
+
+    y1, d1 = call(lm(1), tokens, return_diagnostics=True)
+    assert d1.state.shape == (1, 8, 16)
+    y2, d2 = call(lm(1), tokens, state=d1.state, return_diagnostics=True)
+    assert not np.allclose(y1, y2, atol=1e-4)
+    # one layer: a one-step call continued from the carried state equals one two-step call
+    np.testing.assert_allclose(y2, call(lm(2), tokens), rtol=1e-5, atol=1e-5)
+    # several layers: each block gets its own slice, and the scan equals a loop over blocks
+    deep = lm(1, depth=2, key=getkey()).transformer
+    h1, e1 = call(deep, tokens, return_diagnostics=True)
+    h2, e2 = call(deep, tokens, state=e1.state, return_diagnostics=True)
+    assert e1.state.shape == e2.state.shape == (2, 8, 16)
+    assert not np.allclose(h1, h2, atol=1e-4)
+    x = jax.vmap(deep.embed)(tokens) + deep.pos_embed[:8]
+    dynamic, static = eqx.partition(deep.blocks, eqx.is_array)
+    for i in range(2):
+        block = eqx.combine(jax.tree.map(lambda a: a[i], dynamic), static)
+        x, d = block(x, state=e1.state[i], return_diagnostics=True)
+        np.testing.assert_allclose(d.state, e2.state[i], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.vmap(deep.norm)(x), h2, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="state must have shape"):
+        deep(tokens, state=jnp.zeros((1, 8, 16)))
+
+
+@dataclasses.dataclass(frozen=True)
+class GainConfig:
+    gain: float = option(2.0, "output gain")
+
+
+class GainAttention(eqx.Module):
+    """A toy attention for the registry test: every token's values, times a gain."""
+
+    to_v: eqx.nn.Linear
+    gain: float
+
+    def __init__(self, dim, num_heads=1, causal=False, *, max_len, gain=1.0, key):
+        del num_heads, causal, max_len
+        self.to_v = eqx.nn.Linear(dim, dim, key=key)
+        self.gain = gain
+
+    @classmethod
+    def from_config(cls, section):
+        return dict(gain=section.gain)
+
+    def __call__(self, x, *, context=None, mask=None, state=None, key=None,
+                 return_diagnostics=False):
+        y = self.gain * jax.vmap(self.to_v)(x)
+        return (y, nn.Diagnostics(state=y)) if return_diagnostics else y
+
+
+@pytest.fixture
+def gain_attention():
+    nn.register_attention("gain", config=GainConfig, help="a toy", takes_max_len=True,
+                          min_head_dim=4)(GainAttention)
+    yield
+    nn.unregister_attention("gain")
+
+
+def test_registered_attention_from_yaml(gain_attention, tmp_path):
+    assert nn.ATTENTIONS[-1] == "gain" and nn.get_attention("gain").cls is GainAttention
+    p = tmp_path / "gain.yaml"
+    p.write_text("description: toy\nmodel:\n  attention: gain\n  num_heads: 2\n  dim: 8\n"
+                 "  gain:\n    gain: 3.0\ndata:\n  seq_len: 6\n")
+    cfg = C.load_config(p)
+    assert cfg.model.attention == "gain" and cfg.model.gain.gain == 3.0
+    assert "model.gain.gain = 2.0  # output gain" in C.describe()
+    assert "gain (a toy)" in C.describe()
+    with pytest.raises(C.ConfigError, match="Did you mean 'model.gain.gain'"):
+        C.load_config(p, ["model.gain.gian=1"])
+    with pytest.raises(C.ConfigError, match="head width dim/num_heads >= 4; got 2"):
+        C.load_config(p, {"model.num_heads": 4})
+    ds = train.build_dataset(cfg)
+    model = train.build_model(cfg, ds, key=jax.random.key(0))
+    attn = model.transformer.blocks.attention
+    assert isinstance(attn, GainAttention) and attn.gain == 3.0
+    assert eqx.filter_eval_shape(model, jnp.zeros(6, jnp.int32)).shape == (6, ds.num_classes)
+    # also by name, without a config
+    nn.Transformer(10, 8, 1, max_len=6, attention="gain", key=jax.random.key(0))
+
+
+def test_registry_errors(gain_attention):
+    with pytest.raises(ValueError, match="already registered"):
+        nn.register_attention("gain", config=GainConfig)(nn.SoftmaxAttention)
+    with pytest.raises(TypeError, match="from_config"):
+        nn.register_attention("other", config=GainConfig)(nn.SoftmaxAttention)
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        nn.register_attention("other", config=dict)
+    assert "other" not in nn.ATTENTIONS and "gain" in C.ModelConfig.__dataclass_fields__

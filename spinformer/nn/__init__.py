@@ -1,41 +1,72 @@
-"""Equinox modules: attention mechanisms, blocks, stacked transformers and task heads.
+"""Equinox modules: attention mechanisms, blocks, stacked transformers and sequence models.
 
 Every module handles one example (`x: (n_tokens, d)` or `tokens: (n,)`); vmap over a batch.
 Attention modules share one call signature,
 `attn(x, *, context=None, mask=None, state=None, key=None, return_diagnostics=False)`,
-and return an array shaped like `x` (plus a dict of diagnostics when asked).
+and return an array shaped like `x` (plus a `Diagnostics` when asked).
 
 ```python
 model = spinformer.nn.Tagger(vocab_size=12, num_classes=12, dim=32, depth=2,
                              attention="spin", causal=True, key=jax.random.key(0))
 logits = jax.vmap(model)(tokens)            # (B, n, 12)
 ```
+
+A new attention is one module plus one config dataclass, registered with
+`register_attention(name, config=...)` (see `spinformer.nn._registry`).
 """
 
+# The shipped attentions register in this order (the order of `model.attention`'s choices).
+from . import _softmax, _spin, _boltzmann  # noqa: F401, I001
 from ._block import Block as Block
-from ._boltzmann import BoltzmannAttention as BoltzmannAttention
 from ._block import FeedForward as FeedForward
+from ._boltzmann import BoltzmannAttention as BoltzmannAttention
+from ._boltzmann import BoltzmannConfig as BoltzmannConfig
+from ._diagnostics import Diagnostics as Diagnostics
+from ._diagnostics import Stats as Stats
 from ._groups import param_labels as param_labels
 from ._masks import causal_mask as causal_mask
+from ._registry import Registration as Registration
+from ._registry import attention_names as attention_names
+from ._registry import get_attention as get_attention
+from ._registry import register_attention as register_attention
+from ._registry import unregister_attention as unregister_attention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import SpinAttention as SpinAttention
-from ._transformer import ATTENTIONS as ATTENTIONS
+from ._spin import SpinConfig as SpinConfig
 from ._transformer import CausalLM as CausalLM
 from ._transformer import Classifier as Classifier
+from ._transformer import SequenceModel as SequenceModel
 from ._transformer import Tagger as Tagger
 from ._transformer import Transformer as Transformer
+
+
+def __getattr__(name):
+    if name == "ATTENTIONS":  # the registered names, read when asked (registration may follow)
+        return attention_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ATTENTIONS",
     "Block",
     "BoltzmannAttention",
+    "BoltzmannConfig",
     "CausalLM",
     "Classifier",
+    "Diagnostics",
     "FeedForward",
+    "Registration",
+    "SequenceModel",
     "SoftmaxAttention",
     "SpinAttention",
+    "SpinConfig",
+    "Stats",
     "Tagger",
     "Transformer",
+    "attention_names",
     "causal_mask",
+    "get_attention",
     "param_labels",
+    "register_attention",
+    "unregister_attention",
 ]

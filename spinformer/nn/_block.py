@@ -29,7 +29,7 @@ class Block(eqx.Module):
 
     **Arguments:**
 
-    - `attention`: an attention module called as `attention(x, context=, mask=, key=,
+    - `attention`: an attention module called as `attention(x, context=, mask=, state=, key=,
       return_diagnostics=)` returning an array shaped like `x` (e.g. `SoftmaxAttention`,
       `SpinAttention`).
     - `dim`: model width.
@@ -69,10 +69,14 @@ class Block(eqx.Module):
         *,
         context: Optional[Float[Array, "s d"]] = None,
         mask: Optional[Bool[Array, "n s"]] = None,
+        state: Optional[Float[Array, "n d"]] = None,
         key: Optional[PRNGKeyArray] = None,
         return_diagnostics: bool = False,
     ):
-        """**Returns:** `(n, d)`, or `((n, d), diagnostics of the attention)`."""
+        """**Arguments:** `x (n, d)`; `context`, `mask`, `state` (carried from the previous
+        call's `diagnostics.state`) are passed to the attention; `key` enables dropout.
+
+        **Returns:** `(n, d)`, or `((n, d), diagnostics of the attention)`."""
         inference = key is None
         ka = kd1 = kd2 = None
         if key is not None:
@@ -81,6 +85,7 @@ class Block(eqx.Module):
             jax.vmap(self.norm1)(x),
             context=context,
             mask=mask,
+            state=state,
             key=ka,
             return_diagnostics=return_diagnostics,
         )

@@ -1,5 +1,6 @@
 r"""Boltzmann attention: attention weights are the magnetizations of an Ising model over key
-positions with learnable, input-independent couplings (seed boltzmann-attention.txt).
+positions with learnable, input-independent couplings (G. Kim, D. K. Park, "Boltzmann
+Attention: Learnable Ising Couplings for Cooperative Attention", arXiv:2606.12478 (2026)).
 
 For query i and head h the attention pattern s ∈ {−1, +1}^T over the visible key positions
 follows (Eq. 8, three-body term from Appendix C)
@@ -11,7 +12,7 @@ weights are α_ij = (⟨s_j⟩_i + 1)/2 (Eq. 9), normalised over the visible pos
 output is Σ_j α̃_ij v_j as in softmax attention. With causal masking query i sees positions
 j ≤ i and the couplings act only among them.
 
-Modes (the seed's ablation): `softmax` (the baseline, no spins), `h` (J = 0: sigmoid
+Modes (the paper's ablation): `softmax` (the baseline, no spins), `h` (J = 0: sigmoid
 attention, α = σ(2h), computed in closed form), `hJ` (the proposed model), `J` (h = 0),
 and the three-body variants `hK`, `hJK`, `JK`, `K`.
 
@@ -28,7 +29,7 @@ Inference: `exact` (enumeration, `spins.ising.boltzmann_marginals`; exact gradie
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import ClassVar, Optional
 
 import equinox as eqx
@@ -37,15 +38,41 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._schema import ConfigError, option
 from ..spins import ising, samplers
-from ._masks import combine_masks
-from ._softmax import _check_shapes
+from ._diagnostics import Diagnostics, Stats
+from ._heads import check_heads, linear_maps, masked_softmax, mix_values, project_heads, qk_scores
+from ._registry import register_attention
 
 MODES = ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K")
 INFERENCES = ("exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa")
 _SAMPLERS = ("gibbs", "parallel_tempering", "dqa")
-_MAX_EXACT = 24
-_MAX_DQA = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class BoltzmannConfig:
+    """Options of Boltzmann attention (the config section `model.boltzmann`)."""
+
+    mode: str = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
+                       "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), or "
+                       "the three-body variants hK, hJK, JK, K", MODES)
+    inference: str = option("exact", "how magnetizations are computed: exact (enumeration, "
+                            "T<=24), mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
+                            INFERENCES)
+    init_scale: float = option(0.0, "standard deviation of the initial couplings J (and K); "
+                               "0 starts at sigmoid attention")
+    num_samples: int = option(256, "samplers: samples per query and head")
+    burn_in: int = option(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
+    dqa_steps: int = option(200, "dqa: Trotter steps of the simulated anneal")
+    dqa_time: float = option(5.0, "dqa: total anneal time")
+    tol: float = option(1e-4, "mean_field/tap: fixed-point tolerance")
+    max_steps: int = option(100, "mean_field/tap: most solver iterations")
+
+    def __post_init__(self):
+        if not (self.num_samples >= 1 and self.dqa_steps >= 1 and self.max_steps >= 1):
+            raise ConfigError("num_samples, dqa_steps and max_steps must be >= 1.")
+        if not (self.burn_in >= 0 and self.init_scale >= 0):
+            raise ConfigError("burn_in and init_scale must be >= 0.")
 
 
 def _uses(mode: str) -> tuple[bool, bool, bool]:
@@ -55,23 +82,6 @@ def _uses(mode: str) -> tuple[bool, bool, bool]:
     return "h" in mode, "J" in mode, "K" in mode
 
 
-def _sym_offdiag(J):
-    """(J + Jᵀ)/2 with the diagonal removed, for a trailing (T, T) pair of axes."""
-    T = J.shape[-1]
-    return 0.5 * (J + jnp.swapaxes(J, -1, -2)) * (1.0 - jnp.eye(T, dtype=J.dtype))
-
-
-def _sym3(K):
-    """The symmetric three-body tensor built from the entries K[j, k, l] with j < k < l
-    (zero on repeated indices), so that Σ_{j<k<l} K s s s = ⅙ Σ_{jkl} Ks s s s."""
-    T = K.shape[-1]
-    idx = jnp.arange(T)
-    up = (idx[:, None, None] < idx[None, :, None]) & (idx[None, :, None] < idx[None, None, :])
-    Ku = jnp.where(up, K, 0.0)
-    perms = [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]
-    return sum(jnp.transpose(Ku, p) for p in perms)
-
-
 # Added to every visible α before normalising: float32 magnetizations near −1 round to α = 0
 # (or to −1e-6: the enumeration's sums round too), and a query whose every α vanishes would
 # divide 0 by 0, with NaN gradients (seen in training). Negligible whenever Σα ≫ T·1e-6.
@@ -79,8 +89,8 @@ _ALPHA_EPS = 1e-6
 
 
 def normalized_weights(m, visible=1.0):
-    """Attention weights α̃_ij = α_ij / Σ_k α_ik from magnetizations, α = (⟨s⟩ + 1)/2 (seed
-    Eq. 9), over the visible positions (`visible` 1/0, broadcast against `m (..., s)`).
+    """Attention weights α̃_ij = α_ij / Σ_k α_ik from magnetizations, α = (⟨s⟩ + 1)/2 (Kim
+    and Park, Eq. 9), over the visible positions (`visible` 1/0, broadcast against `m (..., s)`).
     α is clipped to [0, 1] and given a floor of 1e-6, so a query whose magnetizations all
     sit at −1 attends uniformly instead of dividing by zero (a query that sees no position
     gets zero weights)."""
@@ -89,6 +99,8 @@ def normalized_weights(m, visible=1.0):
     return alpha / jnp.where(total > 0, total, 1.0)  # a query that sees nothing: all zero
 
 
+@register_attention("boltzmann", config=BoltzmannConfig, takes_max_len=True,
+                    help="Ising model over key positions")
 class BoltzmannAttention(eqx.Module):
     """Multi-head Boltzmann attention (one example per call).
 
@@ -115,8 +127,9 @@ class BoltzmannAttention(eqx.Module):
       parallel tempering, measurements for DQA).
     - `betas`: inverse temperatures of the parallel-tempering replicas (target β = 1 first).
     - `dqa_steps`, `dqa_time`, `dqa_gamma`: Trotter steps, anneal time and transverse field
-      (seed §4.5: 200 steps, τ = 5).
-    - `solver`, `tol`, `max_steps`, `throw`, `adjoint`: for `mean_field` / `tap`.
+      (Kim and Park §4.5: 200 steps, τ = 5).
+    - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
+      tolerance and step budget; default `Anderson(tol=1e-4, max_steps=100)`).
     - `use_bias`: biases on the q/k/v/out projections.
     - `key`: PRNG key.
 
@@ -132,7 +145,6 @@ class BoltzmannAttention(eqx.Module):
     K: Optional[Float[Array, "h L L L"]]
     solver: solvers.AbstractSolver
     adjoint: solvers.AbstractAdjoint
-    tol: float = eqx.field(static=True)
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
@@ -145,13 +157,11 @@ class BoltzmannAttention(eqx.Module):
     dqa_steps: int = eqx.field(static=True)
     dqa_time: float = eqx.field(static=True)
     dqa_gamma: float = eqx.field(static=True)
-    max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
-    # The trainer gives these their own learning rate and weight decay (seed §4.1: LR_J).
+    # The Ising couplings: `nn.param_labels` puts them in the optimizer group "couplings", with
+    # its own learning rate and weight decay (Kim and Park §4.1: LR_J).
     coupling_fields: ClassVar[tuple[str, ...]] = ("J", "K")
-    # `Transformer` passes its `max_len` to attention classes that set this.
-    takes_max_len: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -169,18 +179,14 @@ class BoltzmannAttention(eqx.Module):
         dqa_steps: int = 200,
         dqa_time: float = 5.0,
         dqa_gamma: float = 1.0,
-        solver: solvers.AbstractSolver = solvers.Anderson(),
+        solver: solvers.AbstractSolver = solvers.Anderson(tol=1e-4, max_steps=100),
         adjoint: solvers.AbstractAdjoint = solvers.Implicit(),
-        tol: float = 1e-4,
-        max_steps: int = 100,
         throw: bool = True,
         use_bias: bool = False,
         key: PRNGKeyArray,
     ):
         name = "BoltzmannAttention"
-        if dim % num_heads:
-            raise ValueError(f"{name}: dim={dim} is not divisible by num_heads={num_heads}; "
-                             "choose num_heads dividing dim.")
+        check_heads(name, dim, num_heads)
         if mode not in MODES:
             raise ValueError(f"{name}: mode={mode!r}; choose one of {MODES}.")
         if inference not in INFERENCES:
@@ -191,15 +197,15 @@ class BoltzmannAttention(eqx.Module):
         uses_h, uses_J, uses_K = _uses(mode)
         # modes softmax, h and J have closed forms: no inference, so no length limits
         if uses_K or (uses_h and uses_J):
-            if inference == "exact" and max_len > _MAX_EXACT:
+            if inference == "exact" and max_len > ising.MAX_BOLTZMANN_T:
                 raise ValueError(
                     f"{name}: exact inference enumerates 2^T configurations and is limited to "
-                    f"max_len <= {_MAX_EXACT}, got {max_len}; use inference='mean_field', "
+                    f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use inference='mean_field', "
                     "'tap', 'gibbs' or 'parallel_tempering'.")
-            if inference == "dqa" and max_len > _MAX_DQA:
+            if inference == "dqa" and max_len > samplers.MAX_DQA:
                 raise ValueError(
                     f"{name}: simulated DQA holds a 2^T state vector and is limited to "
-                    f"max_len <= {_MAX_DQA}, got {max_len}; use 'gibbs' or "
+                    f"max_len <= {samplers.MAX_DQA}, got {max_len}; use 'gibbs' or "
                     "'parallel_tempering' for longer sequences.")
             if inference == "tap" and uses_K:
                 raise ValueError(
@@ -207,7 +213,7 @@ class BoltzmannAttention(eqx.Module):
                     f"mode={mode!r} has three-body K. Use inference='mean_field', 'exact' or a "
                     "sampler.")
         for what, v, lo in (("num_samples", num_samples, 1), ("burn_in", burn_in, 0),
-                            ("dqa_steps", dqa_steps, 1), ("max_steps", max_steps, 1)):
+                            ("dqa_steps", dqa_steps, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name}: {what}={v!r} must be an int >= {lo}.")
         betas = tuple(float(b) for b in betas)
@@ -217,21 +223,25 @@ class BoltzmannAttention(eqx.Module):
         if init_scale < 0:
             raise ValueError(f"{name}: init_scale={init_scale} must be >= 0.")
         kq, kk, kv, ko, kj, kK = jax.random.split(key, 6)
-        self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
-        self.to_k = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kk)
-        self.to_v = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kv)
-        self.to_out = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=ko)
+        self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(dim, use_bias, kq, kk, kv, ko)
         L, H = max_len, num_heads
-        self.J = (_sym_offdiag(init_scale * jax.random.normal(kj, (H, L, L)))
+        self.J = (ising.symmetrize(init_scale * jax.random.normal(kj, (H, L, L)))
                   if uses_J else None)
         self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if uses_K else None
-        self.solver, self.adjoint, self.tol = solver, adjoint, tol
+        self.solver, self.adjoint, self.throw = solver, adjoint, throw
         self.dim, self.num_heads, self.causal, self.max_len = dim, num_heads, causal, max_len
         self.mode, self.inference = mode, inference
         self.num_samples, self.burn_in, self.betas = num_samples, burn_in, betas
         self.dqa_steps, self.dqa_time, self.dqa_gamma = dqa_steps, float(dqa_time), float(
             dqa_gamma)
-        self.max_steps, self.throw = max_steps, throw
+
+    @classmethod
+    def from_config(cls, section: BoltzmannConfig) -> dict:
+        """Constructor keyword arguments from the config section `model.boltzmann`."""
+        kwargs = dataclasses.asdict(section)
+        kwargs["solver"] = solvers.Anderson(tol=kwargs.pop("tol"),
+                                            max_steps=kwargs.pop("max_steps"))
+        return kwargs
 
     @property
     def head_dim(self) -> int:
@@ -242,12 +252,12 @@ class BoltzmannAttention(eqx.Module):
     def fields(self, x: Float[Array, "n d"], context: Optional[Float[Array, "s d"]] = None
                ) -> Float[Array, "h n s"]:
         """Local fields h_ij = q_i·k_j/√d_k per head, `(H, n, s)` (zero in modes without h)."""
-        ctx = x if context is None else context
-        n, s, H = x.shape[0], ctx.shape[0], self.num_heads
-        q = jax.vmap(self.to_q)(x).reshape(n, H, -1).transpose(1, 0, 2)
-        k = jax.vmap(self.to_k)(ctx).reshape(s, H, -1).transpose(1, 0, 2)
-        h = jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(self.head_dim)
-        return h if _uses(self.mode)[0] else jnp.zeros_like(h)
+        return self._fields_and_mask(x, context, None)[0]
+
+    def _fields_and_mask(self, x, context, mask):
+        h, allowed = qk_scores("BoltzmannAttention", self.to_q, self.to_k, x, context, mask,
+                               num_heads=self.num_heads, causal=self.causal)
+        return (h if _uses(self.mode)[0] else jnp.zeros_like(h)), allowed
 
     def couplings(self, s: int, dtype=jnp.float32):
         """The couplings used for `s` key positions: `J (H, s, s)` (symmetric, zero diagonal)
@@ -256,7 +266,7 @@ class BoltzmannAttention(eqx.Module):
             raise ValueError(
                 f"BoltzmannAttention: {s} key positions exceed max_len={self.max_len}; build "
                 "the module with a larger max_len.")
-        J = None if self.J is None else _sym_offdiag(self.J[:, :s, :s].astype(dtype))
+        J = None if self.J is None else ising.symmetrize(self.J[:, :s, :s].astype(dtype))
         K = None if self.K is None else self.K[:, :s, :s, :s].astype(dtype)
         return J, K
 
@@ -281,38 +291,30 @@ class BoltzmannAttention(eqx.Module):
           with `causal`); the spins of hidden positions are removed from query i's model.
         - `state`: unused (interface compatibility).
         - `key`: PRNG key for the samplers (a fixed key if None).
-        - `return_diagnostics`: also return `{"couplings": α̃ (H, n, s), "magnetizations":
-          ⟨s⟩ (H, n, s) (0 at hidden positions), "fields": h (H, n, s)}` plus, for
-          `mean_field`/`tap`, solver `num_steps` and `result` `(H, n)`.
+        - `return_diagnostics`: also return `Diagnostics` with `weights` α̃ `(H, n, s)`,
+          `magnetizations` ⟨s⟩ `(H, n, s)` (0 at hidden positions), `fields` h `(H, n, s)`
+          and, for `mean_field`/`tap`, `solver` statistics `(H, n)`.
 
         **Returns:** `(n, d)`, or `((n, d), diagnostics)`.
         """
         del state
-        ctx = x if context is None else context
-        _check_shapes("BoltzmannAttention", x, ctx, self.dim)
-        n, s, H = x.shape[0], ctx.shape[0], self.num_heads
+        h, allowed = self._fields_and_mask(x, context, mask)
         self_causal = self.causal and context is None
-        allowed = combine_masks(n, s, self_causal, mask)
-        v = jax.vmap(self.to_v)(ctx).reshape(s, H, -1).transpose(1, 0, 2)
-        h = self.fields(x, context)
-        diag = {"fields": h}
+        stats = None
         if self.mode == "softmax":
-            scores = h if allowed is None else jnp.where(allowed, h, jnp.finfo(h.dtype).min)
-            weights = jax.nn.softmax(scores, axis=-1)
+            weights = masked_softmax(h, allowed)
             m = 2.0 * weights - 1.0
         else:
             if mask is None:  # the structured patterns exact inference exploits
                 m, stats = self.magnetizations(h, None, causal=self_causal, key=key)
             else:
                 m, stats = self.magnetizations(h, allowed, key=key)
-            diag.update(stats)
             vis = 1.0 if allowed is None else allowed.astype(h.dtype)
             weights = normalized_weights(m, vis)
-        out = jnp.einsum("hns,hsk->nhk", weights, v).reshape(n, self.dim)
-        out = jax.vmap(self.to_out)(out)
+        v_HxSxK = project_heads(self.to_v, x if context is None else context, self.num_heads)
+        out = jax.vmap(self.to_out)(mix_values(weights, v_HxSxK))
         if return_diagnostics:
-            diag.update(couplings=weights, magnetizations=m)
-            return out, diag
+            return out, Diagnostics(weights=weights, magnetizations=m, fields=h, solver=stats)
         return out
 
     def magnetizations(
@@ -322,7 +324,7 @@ class BoltzmannAttention(eqx.Module):
         *,
         causal: bool = False,
         key: Optional[PRNGKeyArray] = None,
-    ) -> tuple[Float[Array, "h n s"], dict]:
+    ) -> tuple[Float[Array, "h n s"], Optional[Stats]]:
         """⟨s_j⟩_i for every head and query, by the module's `inference`.
 
         **Arguments:**
@@ -334,8 +336,8 @@ class BoltzmannAttention(eqx.Module):
           ignored when `visible` is given.
         - `key`: PRNG key for samplers (a fixed key if None).
 
-        **Returns:** magnetizations `(H, n, s)` (0 at hidden positions) and a dict of solver
-        statistics (`num_steps`, `result` `(H, n)` for `mean_field`/`tap`, else empty).
+        **Returns:** magnetizations `(H, n, s)` (0 at hidden positions) and the solver `Stats`
+        `(H, n)` for `mean_field`/`tap` (None for the other inferences).
         """
         H, n, s = h.shape
         uses_h, uses_J, uses_K = _uses(self.mode)
@@ -349,10 +351,10 @@ class BoltzmannAttention(eqx.Module):
         J, K = self.couplings(s, h.dtype)
         if not uses_J and not uses_K:  # sigmoid attention: independent spins
             m = jnp.tanh(h)
-            return (m if vis is None else m * vis), self._no_stats(H, n)
+            return (m if vis is None else m * vis), self._no_stats(H, n, h.dtype)
         if not uses_h and not uses_K:
             # h = 0 and pairwise J only: E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J
-            return jnp.zeros_like(h), self._no_stats(H, n)
+            return jnp.zeros_like(h), self._no_stats(H, n, h.dtype)
         Jz = jnp.zeros((H, s, s), h.dtype) if J is None else J
         if self.inference == "exact" and structured:
             # shared enumeration over all queries (prefix blocks when causal)
@@ -363,7 +365,7 @@ class BoltzmannAttention(eqx.Module):
                 m = jax.vmap(lambda hh, jj: one_head(hh, jj, None))(h, Jz)
             else:
                 m = jax.vmap(one_head)(h, Jz, K)
-            return m, self._no_stats(H, n)
+            return m, self._no_stats(H, n, h.dtype)
         if vis is None:
             vis = jnp.ones((n, s), h.dtype)
         per_query = self._per_query(self.inference)
@@ -382,12 +384,12 @@ class BoltzmannAttention(eqx.Module):
             m, stats = jax.vmap(jax.vmap(per_query))(hv, Jq, Kq, keys)
         return m * vis, stats
 
-    def _no_stats(self, H, n):
-        """Solver statistics of a call that ran no solver (same keys as one that did)."""
+    def _no_stats(self, H, n, dtype):
+        """Solver statistics of a call that ran no solver (the same structure as one that
+        did)."""
         if self.inference in ("mean_field", "tap"):
-            zero = jnp.zeros((H, n), jnp.int32)
-            return {"num_steps": zero, "result": zero}
-        return {}
+            return Stats.none((H, n), dtype)
+        return None
 
     def _keys(self, key, H, n):
         if key is None:
@@ -398,7 +400,7 @@ class BoltzmannAttention(eqx.Module):
         """`f(h (s,), J (s, s), K (s, s, s) | None, key) -> (m (s,), stats)` for one query."""
         if inf == "exact":
             def f(h, J, K, key):
-                return ising.exact_marginals(h, J, K=K), {}
+                return ising.exact_marginals(h, J, K=K), None
         elif inf in ("mean_field", "tap"):
             f = self._mean_field
         else:
@@ -407,20 +409,12 @@ class BoltzmannAttention(eqx.Module):
 
     def _mean_field(self, h, J, K, key):
         del key
-        kw = dict(solver=self.solver, adjoint=self.adjoint, tol=self.tol,
-                  max_steps=self.max_steps, throw=self.throw)
-        if K is None:
-            fn = ising.tap if self.inference == "tap" else ising.mean_field
-            sol = fn(h, J, return_solution=True, **kw)
+        kw = dict(solver=self.solver, adjoint=self.adjoint, throw=self.throw)
+        if self.inference == "tap":  # pairwise only (checked at construction)
+            sol = ising.tap(h, J, **kw)
         else:
-            Ks = _sym3(K)
-
-            def update(m, args):
-                h_, J_, Ks_ = args
-                return jnp.tanh(h_ + J_ @ m + 0.5 * jnp.einsum("jkl,k,l->j", Ks_, m, m))
-
-            sol = solvers.fixed_point(update, jnp.tanh(h), (h, J, Ks), **kw)
-        return sol.value, {"num_steps": sol.num_steps, "result": sol.result}
+            sol = ising.mean_field(h, J, K=K, **kw)
+        return sol.value, Stats.of(sol)
 
     def _sampled(self, h, J, K, key):
         inf = self.inference
@@ -435,8 +429,4 @@ class BoltzmannAttention(eqx.Module):
             S = samplers.dqa(h, J, key=key, num_samples=self.num_samples,
                              steps=self.dqa_steps, total_time=self.dqa_time,
                              gamma=self.dqa_gamma, K=K)
-        m_hat = jax.lax.stop_gradient(jnp.mean(S, axis=0))
-        local = h + J @ m_hat
-        if K is not None:
-            local = local + 0.5 * jnp.einsum("jkl,k,l->j", _sym3(K), m_hat, m_hat)
-        return samplers.straight_through(m_hat, jnp.tanh(local)), {}
+        return samplers.straight_through_mean_field(jnp.mean(S, axis=0), h, J, K=K), None

@@ -1,4 +1,6 @@
-"""Parameter groups: which parameters are couplings (they may get their own learning rate)."""
+"""Parameter groups for the optimizer: the group "couplings" holds the parameters that define
+an attention's couplings (the query/key maps that build attention weights or spin couplings,
+Boltzmann attention's Ising J and K); they may get their own learning rate and weight decay."""
 
 from __future__ import annotations
 

@@ -7,12 +7,14 @@ from typing import ClassVar, Optional
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from ._masks import combine_masks
+from ._diagnostics import Diagnostics
+from ._heads import check_heads, linear_maps, masked_softmax, mix_values, project_heads, qk_scores
+from ._registry import register_attention
 
 
+@register_attention("softmax", help="standard scaled dot-product attention")
 class SoftmaxAttention(eqx.Module):
     """Multi-head softmax attention (Vaswani et al.), one example per call.
 
@@ -33,8 +35,8 @@ class SoftmaxAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
 
-    # Parameter names that define the attention pattern (the "couplings"); the trainer may give
-    # them their own learning rate.
+    # The parameters that define the attention pattern: `nn.param_labels` puts them in the
+    # optimizer group "couplings" (the trainer may give them their own learning rate).
     coupling_fields: ClassVar[tuple[str, ...]] = ("to_q", "to_k")
 
     def __init__(
@@ -46,16 +48,9 @@ class SoftmaxAttention(eqx.Module):
         *,
         key: PRNGKeyArray,
     ):
-        if dim % num_heads:
-            raise ValueError(
-                f"SoftmaxAttention: dim={dim} is not divisible by num_heads={num_heads}; "
-                "choose num_heads dividing dim."
-            )
-        kq, kk, kv, ko = jax.random.split(key, 4)
-        self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
-        self.to_k = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kk)
-        self.to_v = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kv)
-        self.to_out = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=ko)
+        check_heads("SoftmaxAttention", dim, num_heads)
+        self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(
+            dim, use_bias, *jax.random.split(key, 4))
         self.dim = dim
         self.num_heads = num_heads
         self.causal = causal
@@ -76,35 +71,16 @@ class SoftmaxAttention(eqx.Module):
         - `context`: keys/values for cross-attention, shape `(s, d)`; defaults to `x`.
         - `mask`: boolean `(n, s)`, True where attention is allowed (combined with `causal`).
         - `state`, `key`: accepted for interface compatibility; unused.
-        - `return_diagnostics`: also return `{"couplings": (H, n, s) attention weights}`.
+        - `return_diagnostics`: also return `Diagnostics(weights=(H, n, s))`.
 
         **Returns:** `(n, d)`, or `((n, d), diagnostics)`.
         """
         del state, key
-        ctx = x if context is None else context
-        _check_shapes("SoftmaxAttention", x, ctx, self.dim)
-        n, s = x.shape[0], ctx.shape[0]
-        h = self.num_heads
-        q_HxNxK = jax.vmap(self.to_q)(x).reshape(n, h, -1).transpose(1, 0, 2)
-        k_HxSxK = jax.vmap(self.to_k)(ctx).reshape(s, h, -1).transpose(1, 0, 2)
-        v_HxSxK = jax.vmap(self.to_v)(ctx).reshape(s, h, -1).transpose(1, 0, 2)
-        scores = jnp.einsum("hnk,hsk->hns", q_HxNxK, k_HxSxK) / jnp.sqrt(q_HxNxK.shape[-1])
-        allowed = combine_masks(n, s, self.causal and context is None, mask)
-        if allowed is not None:
-            scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("hns,hsk->nhk", weights, v_HxSxK).reshape(n, self.dim)
-        out = jax.vmap(self.to_out)(out)
+        scores, allowed = qk_scores("SoftmaxAttention", self.to_q, self.to_k, x, context, mask,
+                                    num_heads=self.num_heads, causal=self.causal)
+        weights = masked_softmax(scores, allowed)
+        v_HxSxK = project_heads(self.to_v, x if context is None else context, self.num_heads)
+        out = jax.vmap(self.to_out)(mix_values(weights, v_HxSxK))
         if return_diagnostics:
-            return out, {"couplings": weights}
+            return out, Diagnostics(weights=weights)
         return out
-
-
-def _check_shapes(name, x, ctx, dim):
-    if x.ndim != 2 or x.shape[-1] != dim:
-        raise ValueError(
-            f"{name}: x must have shape (n_tokens, {dim}); got {x.shape}. Modules handle one "
-            "example: use jax.vmap(module)(x) for a batch."
-        )
-    if ctx.ndim != 2 or ctx.shape[-1] != dim:
-        raise ValueError(f"{name}: context must have shape (s, {dim}); got {ctx.shape}.")

@@ -1,5 +1,6 @@
-"""Spin-transformer attention: the response of driven vector-spin models (Spin-Model
-Transformers seed, blog/1; carried state and FFN fields from blog/0).
+"""Spin-transformer attention: the response of driven vector-spin models (M. Bal,
+"Spin-Model Transformers" (2023), mcbal.github.io; the carried state and the FFN fields follow
+M. Bal, "Transformers Are Secretly Collectives of Spin Systems" (2021), mcbal.github.io).
 
 Per head h the module builds a vector-spin model on the h-th `D/H`-dimensional subspace:
 
@@ -8,7 +9,8 @@ Per head h the module builds a vector-spin model on the h-th `D/H`-dimensional s
 - couplings: `J_h = softmax(q_h k_hᵀ / sqrt(D_h))` with `q`, `k` linear maps of the *full*
   input (masked before the softmax, so a causal mask is a triangular coupling matrix);
 - output: the magnetizations, either the steady state (`mode="fixed_point"`) or after
-  `num_steps` time steps of the naive or TAP mean-field dynamics (`mode="steps"`).
+  `num_steps` time steps of the first-order (`update="mean_field"`) or TAP mean-field
+  dynamics (`mode="steps"`).
 
 The H spin models are independent given their couplings: H heads equal H single-head models
 on the corresponding subspaces (each head is solved on its own, with its own convergence).
@@ -17,6 +19,7 @@ All physics is in `spinformer.spins.vector`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import ClassVar, Optional
 
@@ -26,16 +29,77 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._schema import option
 from ..spins import vector
 from ._block import FeedForward
-from ._masks import combine_masks
-from ._softmax import _check_shapes
+from ._diagnostics import Diagnostics, Stats
+from ._heads import check_heads, masked_softmax, merge_heads, qk_scores, split_heads
+from ._registry import register_attention
 
-_UPDATES = ("naive", "tap")
+_UPDATES = ("mean_field", "tap")
+_RENAMED_UPDATES = {"naive": "mean_field"}
 _MODES = ("fixed_point", "steps")
 _INITS = ("reset", "learned", "carried")
+# The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
+_MIN_HEAD_DIM = 3
+_SOLVERS = ("anderson", "picard", "broyden", "jaxopt_anderson")
+_ADJOINTS = ("implicit", "unrolled", "phantom", "onestep")
 
 
+@dataclasses.dataclass(frozen=True)
+class SpinConfig:
+    """Options of spin attention (the config section `model.spin`)."""
+
+    beta: float = option(1.0, "inverse temperature β of the vector-spin model")
+    update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
+                         "order, with Onsager/feed-forward corrections)", _UPDATES,
+                         renamed=_RENAMED_UPDATES)
+    mode: str = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
+                       "num_steps time steps", _MODES)
+    num_steps: int = option(2, "steps mode: number of time steps K")
+    init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
+                       "learned (a trained per-head vector) or carried (passed in by the "
+                       "caller)", _INITS)
+    solver: str = option("anderson", "fixed-point solver", _SOLVERS)
+    adjoint: str = option("implicit", "how gradients flow through the fixed point", _ADJOINTS)
+    adjoint_solver: str = option("gmres", "implicit adjoint only: linear solver of the "
+                                 "backward system", ("gmres", "bicgstab", "anderson", "picard"))
+    adjoint_tol: float = option(1e-3, "implicit adjoint only: relative tolerance of the "
+                                "backward linear solve")
+    adjoint_restart: int = option(5, "implicit adjoint only: Krylov size (gmres) or history "
+                                  "(anderson) of the backward solve")
+    tol: float = option(1e-3, "fixed-point tolerance on the max-norm residual")
+    max_steps: int = option(30, "most solver iterations per fixed point")
+    output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
+    field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
+                            "(x -> x + FFN(x)); 0 for none")
+
+
+def _solver_and_adjoint(section: SpinConfig):
+    """The solver and adjoint objects a config section names."""
+    solver = {
+        "anderson": solvers.Anderson,
+        "picard": solvers.Picard,
+        "broyden": solvers.Broyden,
+        "jaxopt_anderson": solvers.JaxoptAnderson,
+    }[section.solver](tol=section.tol, max_steps=section.max_steps)
+    linear = {
+        "gmres": lambda r: solvers.GMRES(restart=r),
+        "bicgstab": lambda r: solvers.BiCGStab(),
+        "anderson": lambda r: solvers.Anderson(history=r, safeguard=False),
+        "picard": lambda r: solvers.Picard(),
+    }[section.adjoint_solver](section.adjoint_restart)
+    adjoint = {
+        "implicit": lambda: solvers.Implicit(linear_solver=linear, tol=section.adjoint_tol),
+        "unrolled": solvers.Unrolled,
+        "phantom": solvers.Phantom,
+        "onestep": solvers.OneStep,
+    }[section.adjoint]()
+    return solver, adjoint
+
+
+@register_attention("spin", config=SpinConfig, help="vector-spin mean field",
+                    min_head_dim=_MIN_HEAD_DIM)
 class SpinAttention(eqx.Module):
     """Multi-head spin attention; one example per call.
 
@@ -44,7 +108,7 @@ class SpinAttention(eqx.Module):
     - `dim`: model width D; `num_heads`: H, with `D_h = D/H > 2`.
     - `causal`: causal couplings (spin i feels only spins j ≤ i).
     - `beta`: inverse temperature β.
-    - `update`: `"naive"` (first-order mean field) or `"tap"` (second order).
+    - `update`: `"mean_field"` (first-order mean field) or `"tap"` (second order).
     - `mode`: `"fixed_point"` (the non-equilibrium steady state, found by `solver` and
       differentiated with `adjoint`) or `"steps"` (`num_steps` time steps).
     - `num_steps`: K for `mode="steps"`.
@@ -52,8 +116,9 @@ class SpinAttention(eqx.Module):
       magnetizations φ(x), fresh each call), `"learned"` (a trained vector per head) or
       `"carried"` (the `state=` passed by the caller, e.g. the previous call's
       `diagnostics["state"]`; φ(x) if None).
-    - `solver`, `adjoint`, `tol`, `max_steps`, `throw`: passed to the fixed-point solves
-      (`throw=False` reports non-convergence in the diagnostics instead of raising).
+    - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
+      tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`), and
+      `throw=False` reports non-convergence in the diagnostics instead of raising.
     - `output_proj`: mix the heads' magnetizations with a learned `D × D` map.
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).
     - `normalize_fields`: rescale each head's field to norm R (as in the seed).
@@ -66,7 +131,6 @@ class SpinAttention(eqx.Module):
     field_mlp: Optional[FeedForward]
     m_init: Optional[Float[Array, "h dh"]]
     beta: float
-    tol: float
     solver: solvers.AbstractSolver
     adjoint: solvers.AbstractAdjoint
     dim: int = eqx.field(static=True)
@@ -76,10 +140,11 @@ class SpinAttention(eqx.Module):
     mode: str = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
     init: str = eqx.field(static=True)
-    max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     normalize_fields: bool = eqx.field(static=True)
 
+    # The maps that build the couplings J: `nn.param_labels` puts them in the optimizer group
+    # "couplings".
     coupling_fields: ClassVar[tuple[str, ...]] = ("to_q", "to_k")
 
     def __init__(
@@ -93,25 +158,23 @@ class SpinAttention(eqx.Module):
         mode: str = "fixed_point",
         num_steps: int = 2,
         init: str = "reset",
-        solver: solvers.AbstractSolver = solvers.Anderson(),
+        solver: solvers.AbstractSolver = solvers.Anderson(tol=1e-3, max_steps=30),
         adjoint: solvers.AbstractAdjoint = solvers.Implicit(),
-        tol: float = 1e-3,
-        max_steps: int = 30,
         throw: bool = False,
         output_proj: bool = False,
         field_ffn: int = 0,
         normalize_fields: bool = True,
         key: PRNGKeyArray,
     ):
-        if dim % num_heads:
-            raise ValueError(
-                f"SpinAttention: dim={dim} is not divisible by num_heads={num_heads}."
-            )
-        if dim // num_heads <= 2:
+        check_heads("SpinAttention", dim, num_heads)
+        if dim // num_heads < _MIN_HEAD_DIM:
             raise ValueError(
                 f"SpinAttention: the head width D_h = dim/num_heads = {dim // num_heads} must be "
                 "> 2 (spins live on spheres of radius sqrt(D_h/2 - 1)); use fewer heads."
             )
+        if update in _RENAMED_UPDATES:
+            raise ValueError(f"SpinAttention: update={update!r} is now called "
+                             f"{_RENAMED_UPDATES[update]!r}.")
         for name, value, allowed in (("update", update, _UPDATES), ("mode", mode, _MODES),
                                      ("init", init, _INITS)):
             if value not in allowed:
@@ -128,7 +191,6 @@ class SpinAttention(eqx.Module):
         dh = dim // num_heads
         self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned" else None
         self.beta = beta
-        self.tol = tol
         self.solver = solver
         self.adjoint = adjoint
         self.dim = dim
@@ -138,9 +200,18 @@ class SpinAttention(eqx.Module):
         self.mode = mode
         self.num_steps = num_steps
         self.init = init
-        self.max_steps = max_steps
         self.throw = throw
         self.normalize_fields = normalize_fields
+
+    @classmethod
+    def from_config(cls, section: SpinConfig) -> dict:
+        """Constructor keyword arguments from the config section `model.spin`."""
+        solver, adjoint = _solver_and_adjoint(section)
+        return dict(
+            beta=section.beta, update=section.update, mode=section.mode,
+            num_steps=section.num_steps, init=section.init, solver=solver, adjoint=adjoint,
+            output_proj=section.output_proj, field_ffn=section.field_ffn,
+        )
 
     @property
     def head_dim(self) -> int:
@@ -158,21 +229,15 @@ class SpinAttention(eqx.Module):
         mask: Optional[Bool[Array, "n s"]] = None,
     ) -> Float[Array, "h n s"]:
         """Row-stochastic couplings `J_h = softmax(q_h k_hᵀ/sqrt(D_h))`, masked entries 0."""
-        ctx = x if context is None else context
-        n, s, h = x.shape[0], ctx.shape[0], self.num_heads
-        q = jax.vmap(self.to_q)(x).reshape(n, h, -1).transpose(1, 0, 2)
-        k = jax.vmap(self.to_k)(ctx).reshape(s, h, -1).transpose(1, 0, 2)
-        scores = jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(self.head_dim)
-        allowed = combine_masks(n, s, self.causal and context is None, mask)
-        if allowed is not None:
-            scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
-        return jax.nn.softmax(scores, axis=-1)
+        scores, allowed = qk_scores("SpinAttention", self.to_q, self.to_k, x, context, mask,
+                                    num_heads=self.num_heads, causal=self.causal)
+        return masked_softmax(scores, allowed)
 
     def fields(self, x: Float[Array, "n d"]) -> Float[Array, "h n dh"]:
         """Per-head external fields: the input's subspaces (plus FFN(x)), norm R each."""
         if self.field_mlp is not None:
             x = x + jax.vmap(self.field_mlp)(x)
-        xh = x.reshape(x.shape[0], self.num_heads, self.head_dim).transpose(1, 0, 2)
+        xh = split_heads(x, self.num_heads)
         if self.normalize_fields:
             norm = jnp.sqrt(jnp.sum(xh**2, axis=-1, keepdims=True) + 1e-12)
             xh = self.radius * xh / norm
@@ -194,21 +259,19 @@ class SpinAttention(eqx.Module):
         - `context`: `(s, d)` for cross-attention: couplings `softmax(q(x) k(c)ᵀ)`; the context
           spins feel their own fields (the context's subspaces, norm R) and no couplings, and
           their magnetizations act as the previous time step of the query spins, so the
-          output is one (naive or TAP) mean-field step driven by the context.
+          output is one (first-order or TAP) mean-field step driven by the context.
         - `mask`: boolean `(n, s)`, True where a coupling is allowed (combined with `causal`).
         - `state`: `(n, d)` magnetizations carried from a previous call (`init="carried"`).
         - `key`: unused (no randomness).
-        - `return_diagnostics`: also return a dict with `couplings (H, n, s)`,
-          `magnetizations (H, n, D_h)`, `state (n, d)`, and per head `num_steps`, `residual`,
-          `result` (solver statistics; `result` 0 means converged).
+        - `return_diagnostics`: also return `Diagnostics` with `couplings` J `(H, n, s)`,
+          `magnetizations (H, n, D_h)`, `fields (H, n, D_h)`, `state (n, d)` (the
+          magnetizations, to pass as the next call's `state=`) and `solver`, the `Stats` per
+          head (`num_steps`, `residual`, `result`).
 
         **Returns:** `(n, d)` magnetizations (through `out_proj` if present), or
         `(output, diagnostics)`.
         """
         del key
-        ctx = x if context is None else context
-        _check_shapes("SpinAttention", x, ctx, self.dim)
-        n, h, dh = x.shape[0], self.num_heads, self.head_dim
         J = self.couplings(x, context, mask)
         xh = self.fields(x)
         beta, R = self.beta, self.radius
@@ -216,7 +279,7 @@ class SpinAttention(eqx.Module):
         if context is not None:
             # The context spins are driven by their own fields and feel no couplings; the
             # decoder spins feel them through J as the previous time step's magnetizations.
-            ch = self.fields(ctx)
+            ch = self.fields(context)
             m_prev = vector.magnetization(ch, beta=beta, R=R)
             m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(mp, cc, xx, jj))(
                 xh, J, ch, m_prev
@@ -232,36 +295,27 @@ class SpinAttention(eqx.Module):
                 xh, J, m0
             )
 
-        out = m.transpose(1, 0, 2).reshape(n, self.dim)
+        out = merge_heads(m)
         y = jax.vmap(self.out_proj)(out) if self.out_proj is not None else out
         if return_diagnostics:
-            num_steps, residual, result = stats
-            diag = {
-                "couplings": J,
-                "magnetizations": m,
-                "state": out,
-                "num_steps": num_steps,
-                "residual": residual,
-                "result": result,
-            }
-            return y, diag
+            return y, Diagnostics(couplings=J, magnetizations=m, fields=xh, state=out,
+                                  solver=stats)
         return y
 
     # -- the spin dynamics, one head -------------------------------------------------------
 
     def _solve_kwargs(self):
-        return dict(solver=self.solver, adjoint=self.adjoint, tol=self.tol,
-                    max_steps=self.max_steps, throw=self.throw)
+        return dict(solver=self.solver, adjoint=self.adjoint, throw=self.throw)
 
     def _one_step(self, m_prev, x, J):
-        """One mean-field time step m_t = update(m_{t-1}); stats (steps, residual, result)."""
-        if self.update == "naive":
-            m = vector.naive_step(m_prev, x, J, beta=self.beta, R=self.radius)
-            zero = jnp.asarray(0, jnp.int32)
-            return m, (zero + 1, jnp.zeros((), m.dtype), zero)
+        """One mean-field time step m_t = update(m_{t-1}), and its solver `Stats`."""
+        if self.update == "mean_field":
+            m = vector.mean_field_step(m_prev, x, J, beta=self.beta, R=self.radius)
+            none = Stats.none((), m.dtype)
+            return m, Stats(none.num_steps + 1, none.residual, none.result)
         sol = vector.tap_step(m_prev, x, J, beta=self.beta, R=self.radius,
-                              return_solution=True, **self._solve_kwargs())
-        return sol.value, (sol.num_steps, sol.residual, sol.result)
+                              **self._solve_kwargs())
+        return sol.value, Stats.of(sol)
 
     def _cross_step(self, m_ctx, x_ctx, x, J):
         """One step of the n query spins driven by s context spins through J (n, s).
@@ -279,16 +333,9 @@ class SpinAttention(eqx.Module):
 
     def _steady_state(self, m0, x, J):
         """The NESS m* = update(m*, m*) solved as a fixed point."""
-        if self.update == "tap":
-            sol = vector.tap_ness(x, J, beta=self.beta, R=self.radius, m0=m0,
-                                  return_solution=True, **self._solve_kwargs())
-        else:
-            beta, R = self.beta, self.radius
-            sol = solvers.fixed_point(
-                lambda m, a: vector.naive_step(m, a[0], a[1], beta=beta, R=R),
-                m0, (x, J), **self._solve_kwargs(),
-            )
-        return sol.value, (sol.num_steps, sol.residual, sol.result)
+        ness = vector.tap_ness if self.update == "tap" else vector.mean_field_ness
+        sol = ness(x, J, beta=self.beta, R=self.radius, m0=m0, **self._solve_kwargs())
+        return sol.value, Stats.of(sol)
 
     def _initial_state(self, xh, state):
         n, h, dh = xh.shape[1], self.num_heads, self.head_dim
@@ -298,9 +345,9 @@ class SpinAttention(eqx.Module):
             if state.shape != (n, self.dim):
                 raise ValueError(
                     f"SpinAttention: state must have shape ({n}, {self.dim}) like x; got "
-                    f"{state.shape}. Pass the previous call's diagnostics['state']."
+                    f"{state.shape}. Pass the previous call's diagnostics.state."
                 )
-            return state.reshape(n, h, dh).transpose(1, 0, 2)
+            return split_heads(state, h)
         return vector.magnetization(xh, beta=self.beta, R=self.radius)
 
     def _time_steps(self, m0, x, J):
@@ -308,10 +355,10 @@ class SpinAttention(eqx.Module):
 
         def body(carry, _):
             m, steps, result = carry
-            m_new, (k, _, res) = self._one_step(m, x, J)
-            return (m_new, steps + k, jnp.maximum(result, res)), m_new - m
+            m_new, st = self._one_step(m, x, J)
+            return (m_new, steps + st.num_steps, jnp.maximum(result, st.result)), m_new - m
 
         zero = jnp.asarray(0, jnp.int32)
         (m, steps, result), deltas = jax.lax.scan(body, (m0, zero, zero), None,
                                                   length=self.num_steps)
-        return m, (steps, jnp.max(jnp.abs(deltas[-1])), result)
+        return m, Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)

@@ -1,5 +1,5 @@
 """Stacked transformers (blocks built with `eqx.filter_vmap`, applied with `lax.scan`) and
-task heads."""
+the sequence models on top of them (language model, tagger, classifier)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ._block import Block
-from ._softmax import SoftmaxAttention
+from ._registry import get_attention
 
-
-def _attention_registry() -> dict[str, Callable[..., eqx.Module]]:
-    from ._boltzmann import BoltzmannAttention
-    from ._spin import SpinAttention
-
-    return {"softmax": SoftmaxAttention, "spin": SpinAttention, "boltzmann": BoltzmannAttention}
-
-
-ATTENTIONS = ("softmax", "spin", "boltzmann")
-
-
-def resolve_attention(attention: Union[str, Callable[..., eqx.Module]]):
-    """Map an attention name (`"softmax"`, `"spin"`, `"boltzmann"`) to its class; callables
-    pass through."""
-    if callable(attention):
-        return attention
-    reg = _attention_registry()
-    if attention not in reg:
-        raise ValueError(f"unknown attention {attention!r}; choose one of {sorted(reg)}.")
-    return reg[attention]
+_POOLS = ("none", "mean")
 
 
 class Transformer(eqx.Module):
@@ -48,9 +29,10 @@ class Transformer(eqx.Module):
     - `depth`: number of blocks.
     - `num_heads`: attention heads per block.
     - `max_len`: longest sequence (size of the positional embedding).
-    - `attention`: `"softmax"`, `"spin"`, `"boltzmann"`, or a callable
-      `attention(dim=, num_heads=, causal=, key=, **attention_kwargs) -> module` (classes
-      with a true class attribute `takes_max_len` also get `max_len=`).
+    - `attention`: a registered attention name (`"softmax"`, `"spin"`, `"boltzmann"`, or any
+      added with `nn.register_attention`), a registered class, or a callable
+      `attention(dim=, num_heads=, causal=, key=, **attention_kwargs) -> module`. Classes
+      registered with `takes_max_len=True` also get `max_len=`.
     - `attention_kwargs`: extra keyword arguments for the attention constructor
       (e.g. `{"beta": 1.0, "update": "tap"}` for `SpinAttention`).
     - `causal`: causal self-attention (token i sees j ≤ i) in every block.
@@ -83,15 +65,15 @@ class Transformer(eqx.Module):
     ):
         if depth < 1:
             raise ValueError(f"Transformer: depth={depth} must be >= 1.")
-        cls = resolve_attention(attention)
+        reg = get_attention(attention)
         kwargs = dict(attention_kwargs or {})
-        if getattr(cls, "takes_max_len", False):
+        if reg.takes_max_len:
             kwargs.setdefault("max_len", max_len)
         ke, kp, kb = jax.random.split(key, 3)
 
         def make_block(k):
             ka, kf = jax.random.split(k)
-            attn = cls(dim=dim, num_heads=num_heads, causal=causal, key=ka, **kwargs)
+            attn = reg.cls(dim=dim, num_heads=num_heads, causal=causal, key=ka, **kwargs)
             return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
 
         self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke)
@@ -107,6 +89,7 @@ class Transformer(eqx.Module):
         *,
         context: Optional[Float[Array, "s d"]] = None,
         mask: Optional[Bool[Array, "n s"]] = None,
+        state: Optional[Float[Array, "depth n d"]] = None,
         key: Optional[PRNGKeyArray] = None,
         return_diagnostics: bool = False,
     ):
@@ -115,9 +98,11 @@ class Transformer(eqx.Module):
         - `tokens`: integer ids, shape `(n,)`, n ≤ `max_len`.
         - `context`: optional `(s, d)` context for cross-attention in every block.
         - `mask`: optional boolean `(n, s)` attention mask.
+        - `state`: optional `(depth, n, d)`, one state per block for attentions that carry
+          one (e.g. `SpinAttention(init="carried")`): the previous call's `diagnostics.state`.
         - `key`: PRNG key; enables dropout (training). None means inference.
-        - `return_diagnostics`: also return the blocks' diagnostics, stacked over layers
-          (leading axis `depth`).
+        - `return_diagnostics`: also return the blocks' `Diagnostics`, stacked over layers
+          (leading axis `depth`); its `state` is the next call's `state=`.
 
         **Returns:** hidden states `(n, d)`, or `((n, d), diagnostics)`.
         """
@@ -132,21 +117,24 @@ class Transformer(eqx.Module):
                 f"Transformer: sequence length {n} exceeds max_len={self.pos_embed.shape[0]}; "
                 "build the model with a larger max_len."
             )
+        dim = self.pos_embed.shape[1]
+        if state is not None and state.shape != (self.depth, n, dim):
+            raise ValueError(
+                f"Transformer: state must have shape (depth, n, d) = ({self.depth}, {n}, {dim}); "
+                f"got {state.shape}. Pass the previous call's diagnostics.state."
+            )
         x = jax.vmap(self.embed)(tokens) + self.pos_embed[:n]
         dynamic, static = eqx.partition(self.blocks, eqx.is_array)
         keys = None if key is None else jax.random.split(key, self.depth)
 
         def layer(h, xs):
-            params, k = xs
+            params, s, k = xs
             block = eqx.combine(params, static)
-            out = block(
-                h, context=context, mask=mask, key=k, return_diagnostics=return_diagnostics
-            )
-            if return_diagnostics:
-                return out[0], out[1]
-            return out, None
+            out = block(h, context=context, mask=mask, state=s, key=k,
+                        return_diagnostics=return_diagnostics)
+            return out if return_diagnostics else (out, None)
 
-        x, diags = jax.lax.scan(layer, x, (dynamic, keys))
+        x, diags = jax.lax.scan(layer, x, (dynamic, state, keys))
         x = jax.vmap(self.norm)(x)
         if return_diagnostics:
             return x, diags
@@ -163,107 +151,125 @@ def _unroll_call(model: Transformer, tokens, **kwargs):
     return jax.vmap(model.norm)(x)
 
 
-def _head_call(transformer, readout, pool, tokens, context, mask, key, return_diagnostics):
-    out = transformer(
-        tokens, context=context, mask=mask, key=key, return_diagnostics=return_diagnostics
-    )
-    h, diag = out if return_diagnostics else (out, None)
-    if pool:
-        logits = readout(jnp.mean(h, axis=0))
-    else:
-        logits = jax.vmap(readout)(h)
-    return (logits, diag) if return_diagnostics else logits
+class SequenceModel(eqx.Module):
+    """A `Transformer` with a linear readout: per-position outputs (`pool="none"`, e.g. a
+    language model or a tagger) or one output for the sequence from the mean-pooled final
+    hidden states (`pool="mean"`, a classifier).
 
+    **Arguments:**
 
-_CALL_DOC = """**Arguments:** `tokens (n,)` integer ids; `context`, `mask`, `key`,
-        `return_diagnostics` as in `Transformer.__call__`.
+    - `vocab_size`: number of input token ids.
+    - `num_outputs`: size of the readout (classes, or the vocabulary of a language model).
+    - `dim`, `depth`, `num_heads`, `max_len`, `attention`, `attention_kwargs`, `causal`,
+      `ffn_hidden`, `dropout`: as `Transformer`.
+    - `pool`: `"none"` (logits `(n, num_outputs)`) or `"mean"` (logits `(num_outputs,)`).
+    - `key`: PRNG key.
 
-        **Returns:** logits{shape}, or `(logits, diagnostics)`."""
-
-
-class CausalLM(eqx.Module):
-    """A causal language model: `tokens (n,) -> next-token logits (n, vocab_size)`.
-
-    **Arguments:** as `Transformer` (always causal; no `causal` argument).
+    `CausalLM`, `Tagger` and `Classifier` build the three usual cases.
     """
 
     transformer: Transformer
     readout: eqx.nn.Linear
+    pool: str = eqx.field(static=True)
 
-    def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int = 1,
-                 max_len: int = 512, attention="softmax", attention_kwargs=None,
-                 ffn_hidden: int = 0, dropout: float = 0.0, *, key: PRNGKeyArray):
+    def __init__(
+        self,
+        vocab_size: int,
+        num_outputs: int,
+        dim: int,
+        depth: int,
+        num_heads: int = 1,
+        max_len: int = 512,
+        attention: Union[str, Callable[..., eqx.Module]] = "softmax",
+        attention_kwargs: Optional[dict[str, Any]] = None,
+        causal: bool = False,
+        ffn_hidden: int = 0,
+        dropout: float = 0.0,
+        pool: str = "none",
+        *,
+        key: PRNGKeyArray,
+    ):
+        if pool not in _POOLS:
+            raise ValueError(f"SequenceModel: pool={pool!r}; choose one of {_POOLS}.")
         kt, kh = jax.random.split(key)
         self.transformer = Transformer(
             vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
-            attention_kwargs=attention_kwargs, causal=True, ffn_hidden=ffn_hidden,
+            attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
             dropout=dropout, key=kt,
         )
-        self.readout = eqx.nn.Linear(dim, vocab_size, key=kh)
+        self.readout = eqx.nn.Linear(dim, num_outputs, key=kh)
+        self.pool = pool
 
-    def __call__(self, tokens: Int[Array, " n"], *, context=None, mask=None,
-                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
-        return _head_call(self.transformer, self.readout, False, tokens, context, mask, key,
-                          return_diagnostics)
+    def __call__(
+        self,
+        tokens: Int[Array, " n"],
+        *,
+        context: Optional[Float[Array, "s d"]] = None,
+        mask: Optional[Bool[Array, "n s"]] = None,
+        state: Optional[Float[Array, "depth n d"]] = None,
+        key: Optional[PRNGKeyArray] = None,
+        return_diagnostics: bool = False,
+    ):
+        """**Arguments:** `tokens (n,)` integer ids; `context`, `mask`, `state`, `key`,
+        `return_diagnostics` as in `Transformer.__call__`.
 
-    __call__.__doc__ = _CALL_DOC.format(shape=" `(n, vocab_size)`")
+        **Returns:** logits `(n, num_outputs)` (`pool="none"`) or `(num_outputs,)`
+        (`pool="mean"`), or `(logits, diagnostics)`.
+        """
+        out = self.transformer(tokens, context=context, mask=mask, state=state, key=key,
+                               return_diagnostics=return_diagnostics)
+        h, diag = out if return_diagnostics else (out, None)
+        if self.pool == "mean":
+            logits = self.readout(jnp.mean(h, axis=0))
+        else:
+            logits = jax.vmap(self.readout)(h)
+        return (logits, diag) if return_diagnostics else logits
 
 
-class Tagger(eqx.Module):
+def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len: int = 512,
+             attention="softmax", attention_kwargs=None, ffn_hidden: int = 0,
+             dropout: float = 0.0, *, key: PRNGKeyArray) -> SequenceModel:
+    """A causal language model: `tokens (n,) -> next-token logits (n, vocab_size)`.
+
+    **Arguments:** as `Transformer` (always causal; no `causal` argument).
+
+    **Returns:** a `SequenceModel`.
+    """
+    return SequenceModel(vocab_size, vocab_size, dim, depth, num_heads=num_heads,
+                         max_len=max_len, attention=attention,
+                         attention_kwargs=attention_kwargs, causal=True,
+                         ffn_hidden=ffn_hidden, dropout=dropout, pool="none", key=key)
+
+
+def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
+           max_len: int = 512, attention="softmax", attention_kwargs=None,
+           causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0, *,
+           key: PRNGKeyArray) -> SequenceModel:
     """A per-position tagger: `tokens (n,) -> logits (n, num_classes)` (e.g. bracket
     matching, where the class of a closing bracket is the position of its opening bracket).
 
     **Arguments:** as `Transformer`, plus `num_classes`.
+
+    **Returns:** a `SequenceModel`.
     """
-
-    transformer: Transformer
-    readout: eqx.nn.Linear
-
-    def __init__(self, vocab_size: int, num_classes: int, dim: int, depth: int,
-                 num_heads: int = 1, max_len: int = 512, attention="softmax",
-                 attention_kwargs=None, causal: bool = False, ffn_hidden: int = 0,
-                 dropout: float = 0.0, *, key: PRNGKeyArray):
-        kt, kh = jax.random.split(key)
-        self.transformer = Transformer(
-            vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
-            attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
-            dropout=dropout, key=kt,
-        )
-        self.readout = eqx.nn.Linear(dim, num_classes, key=kh)
-
-    def __call__(self, tokens: Int[Array, " n"], *, context=None, mask=None,
-                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
-        return _head_call(self.transformer, self.readout, False, tokens, context, mask, key,
-                          return_diagnostics)
-
-    __call__.__doc__ = _CALL_DOC.format(shape=" `(n, num_classes)`")
+    return SequenceModel(vocab_size, num_classes, dim, depth, num_heads=num_heads,
+                         max_len=max_len, attention=attention,
+                         attention_kwargs=attention_kwargs, causal=causal,
+                         ffn_hidden=ffn_hidden, dropout=dropout, pool="none", key=key)
 
 
-class Classifier(eqx.Module):
+def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
+               max_len: int = 512, attention="softmax", attention_kwargs=None,
+               causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0, *,
+               key: PRNGKeyArray) -> SequenceModel:
     """A sequence classifier: `tokens (n,) -> logits (num_classes,)` from the mean-pooled
     final hidden states.
 
     **Arguments:** as `Transformer`, plus `num_classes`.
+
+    **Returns:** a `SequenceModel`.
     """
-
-    transformer: Transformer
-    readout: eqx.nn.Linear
-
-    def __init__(self, vocab_size: int, num_classes: int, dim: int, depth: int,
-                 num_heads: int = 1, max_len: int = 512, attention="softmax",
-                 attention_kwargs=None, causal: bool = False, ffn_hidden: int = 0,
-                 dropout: float = 0.0, *, key: PRNGKeyArray):
-        kt, kh = jax.random.split(key)
-        self.transformer = Transformer(
-            vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
-            attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
-            dropout=dropout, key=kt,
-        )
-        self.readout = eqx.nn.Linear(dim, num_classes, key=kh)
-
-    def __call__(self, tokens: Int[Array, " n"], *, context=None, mask=None,
-                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
-        return _head_call(self.transformer, self.readout, True, tokens, context, mask, key,
-                          return_diagnostics)
-
-    __call__.__doc__ = _CALL_DOC.format(shape=" `(num_classes,)`")
+    return SequenceModel(vocab_size, num_classes, dim, depth, num_heads=num_heads,
+                         max_len=max_len, attention=attention,
+                         attention_kwargs=attention_kwargs, causal=causal,
+                         ffn_hidden=ffn_hidden, dropout=dropout, pool="mean", key=key)

@@ -28,11 +28,16 @@ def build_dataset(cfg: "_config.Config"):
 
 
 def build_model(cfg: "_config.Config", dataset, *, key):
-    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging."""
+    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging.
+
+    The attention is looked up in the registry (`nn.register_attention`); its class turns the
+    config section `model.<attention>` into constructor arguments (`from_config`)."""
     m = cfg.model
+    reg = _nn.get_attention(m.attention)
+    section = getattr(m, reg.name) if reg.config is not None else None
     common = dict(
         dim=m.dim, depth=m.depth, num_heads=m.num_heads, max_len=dataset.seq_len,
-        attention=m.attention, attention_kwargs=m.attention_kwargs(),
+        attention=reg.cls, attention_kwargs=reg.kwargs_from(section),
         ffn_hidden=m.ffn_hidden, dropout=m.dropout,
     )
 

@@ -1,0 +1,46 @@
+"""The building blocks of config schemas, shared by `spinformer.config` and the attention
+modules that declare their own config section (`spinformer.nn.register_attention`).
+
+Imports only the standard library, so any module may define a section without import cycles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+__all__ = ["ConfigError", "option"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and the fix."""
+
+
+def option(
+    default: Any,
+    help: str,
+    choices: Optional[tuple] = None,
+    *,
+    renamed: Optional[Mapping[Any, Any]] = None,
+):
+    """A config field: its default, its one-line meaning and, optionally, its allowed values.
+
+    **Arguments:**
+
+    - `default`: the default value, or a config dataclass (a nested section, built with its
+      own defaults).
+    - `help`: one line saying what the field means (`spinformer.config.describe` prints it).
+    - `choices`: the allowed values, if the field is an enumeration.
+    - `renamed`: old values that are no longer accepted, each mapped to its new name; reading
+      one is an error that names the new value.
+
+    **Returns:** a `dataclasses.field`.
+    """
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if renamed:
+        meta["renamed"] = dict(renamed)
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)

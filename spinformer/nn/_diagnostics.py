@@ -1,0 +1,63 @@
+"""What an attention module reports when called with `return_diagnostics=True`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+class Stats(eqx.Module):
+    """Solver statistics of the fixed points an attention solved, one per head (or per head
+    and query).
+
+    **Fields:**
+
+    - `num_steps`: solver iterations, int32.
+    - `residual`: the final residual norm.
+    - `result`: a `spinformer.solvers.RESULTS` code, int32;
+      `stats.result == solvers.RESULTS.successful` marks the converged ones.
+    """
+
+    num_steps: Int[Array, "..."]
+    residual: Float[Array, "..."]
+    result: Int[Array, "..."]
+
+    @classmethod
+    def of(cls, solution) -> "Stats":
+        """The statistics of a `spinformer.solvers.Solution`."""
+        return cls(solution.num_steps, solution.residual, solution.result)
+
+    @classmethod
+    def none(cls, shape: tuple[int, ...] = (), dtype=jnp.float32) -> "Stats":
+        """The statistics of a solve that was not needed: zero steps, zero residual,
+        successful."""
+        zero = jnp.zeros(shape, jnp.int32)
+        return cls(zero, jnp.zeros(shape, dtype), zero)
+
+
+class Diagnostics(eqx.Module):
+    """The inside of an attention call; a field an attention does not compute is None.
+
+    Blocks and transformers stack these over layers: every array then has a leading `depth`
+    axis (and a batch axis under `vmap`).
+
+    **Fields:**
+
+    - `weights`: attention weights `(H, n, s)` (each query's distribution over keys).
+    - `couplings`: spin couplings `(H, n, s)` of the spin model built for this input (e.g.
+      spin attention's `J`).
+    - `magnetizations`: the spins' magnetizations (shape per module).
+    - `fields`: the external fields of the spin model (shape per module).
+    - `state`: `(n, d)`, the state to carry into the next call (`state=`).
+    - `solver`: `Stats` of the fixed-point solves, or None if none were run.
+    """
+
+    weights: Optional[Float[Array, "h n s"]] = None
+    couplings: Optional[Float[Array, "h n s"]] = None
+    magnetizations: Optional[Array] = None
+    fields: Optional[Array] = None
+    state: Optional[Float[Array, "n d"]] = None
+    solver: Optional[Stats] = None

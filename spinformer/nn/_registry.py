@@ -1,0 +1,160 @@
+"""The attention registry: each attention class declares its name and its config section.
+
+A new attention is one module plus one frozen config dataclass:
+
+```python
+@dataclasses.dataclass(frozen=True)
+class HopfieldConfig:
+    beta: float = option(1.0, "inverse temperature")
+
+@register_attention("hopfield", config=HopfieldConfig, help="modern Hopfield retrieval")
+class HopfieldAttention(eqx.Module):
+    ...
+    @classmethod
+    def from_config(cls, section: HopfieldConfig) -> dict:
+        return dict(beta=section.beta)
+```
+
+After registration `Transformer(attention="hopfield")` builds it, `spinformer.config` gains the
+section `model.hopfield` and the choice `model.attention: hopfield`, and
+`spinformer.train.build_model` passes `from_config(cfg.model.hopfield)` to the constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Union
+
+__all__ = [
+    "Registration",
+    "attention_names",
+    "get_attention",
+    "register_attention",
+    "unregister_attention",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What a registered attention declares.
+
+    **Fields:**
+
+    - `name`: the name used in configs (`model.attention`) and by `Transformer(attention=...)`.
+    - `cls`: the attention class, called as `cls(dim=, num_heads=, causal=, key=, **kwargs)`.
+    - `config`: its frozen config dataclass (the section `model.<name>`), or None if it has
+      no options; the class then turns a section into constructor keyword arguments with the
+      classmethod `from_config(section) -> dict`.
+    - `help`: one line for `model.attention`'s description.
+    - `takes_max_len`: the constructor needs `max_len=` (the longest key sequence).
+    - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
+      when a config is read).
+    """
+
+    name: str
+    cls: type
+    config: Optional[type]
+    help: str
+    takes_max_len: bool = False
+    min_head_dim: int = 1
+
+    def kwargs_from(self, section) -> dict:
+        """Constructor keyword arguments from the config section (`{}` without a config)."""
+        if self.config is None:
+            return {}
+        if not isinstance(section, self.config):
+            raise TypeError(f"attention {self.name!r}: expected a {self.config.__name__} "
+                            f"section, got {type(section).__name__}.")
+        return dict(self.cls.from_config(section))
+
+
+_REGISTRY: dict[str, Registration] = {}
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def _changed():
+    for fn in _LISTENERS:
+        fn()
+
+
+def on_change(fn: Callable[[], None]) -> None:
+    """Call `fn()` whenever an attention is registered or removed (the config schema rebuilds
+    `ModelConfig` this way)."""
+    _LISTENERS.append(fn)
+
+
+def register_attention(
+    name: str,
+    *,
+    config: Optional[type] = None,
+    help: str = "",
+    takes_max_len: bool = False,
+    min_head_dim: int = 1,
+):
+    """Class decorator: register an attention module under `name`.
+
+    **Arguments:**
+
+    - `name`: a Python identifier (it becomes the config section `model.<name>`).
+    - `config`: a frozen dataclass of the module's options (fields made with
+      `spinformer._schema.option`), or None. With a config, the class must define the
+      classmethod `from_config(section) -> dict` of constructor keyword arguments.
+    - `help`: one line saying what the attention is.
+    - `takes_max_len`: the constructor takes `max_len=` (given by `Transformer`).
+    - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
+
+    **Returns:** the decorator, which returns the class unchanged.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"register_attention: name {name!r} must be a Python identifier.")
+    if config is not None and not (dataclasses.is_dataclass(config)
+                                   and config.__dataclass_params__.frozen):
+        raise TypeError(f"register_attention({name!r}): config must be a frozen dataclass, "
+                        f"got {config!r}.")
+
+    def decorate(cls):
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"register_attention: {name!r} is already registered to "
+                             f"{_REGISTRY[name].cls.__name__}.")
+        if config is not None and not callable(getattr(cls, "from_config", None)):
+            raise TypeError(f"register_attention({name!r}): {cls.__name__} has a config "
+                            "section, so it needs a classmethod from_config(section) -> dict.")
+        _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim)
+        _changed()
+        return cls
+
+    return decorate
+
+
+def unregister_attention(name: str) -> None:
+    """Remove a registered attention (e.g. one a test registered)."""
+    _REGISTRY.pop(name)
+    _changed()
+
+
+def attention_names() -> tuple[str, ...]:
+    """The registered attention names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def registrations() -> tuple[Registration, ...]:
+    """Every registration, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def get_attention(attention: Union[str, type, Callable]) -> Registration:
+    """The registration of an attention name or class. An unregistered callable gets a
+    registration of its own (no config, no `max_len`), so any
+    `attention(dim=, num_heads=, causal=, key=, **kwargs)` works."""
+    if isinstance(attention, str):
+        if attention not in _REGISTRY:
+            raise ValueError(f"unknown attention {attention!r}; choose one of "
+                             f"{list(_REGISTRY)} or register it with "
+                             "spinformer.nn.register_attention.")
+        return _REGISTRY[attention]
+    for reg in _REGISTRY.values():
+        if reg.cls is attention:
+            return reg
+    if not callable(attention):
+        raise TypeError(f"attention must be a name or a callable, got {attention!r}.")
+    return Registration(getattr(attention, "__name__", "custom"), attention, None, "")
