@@ -1,0 +1,63 @@
+"""Side-by-side timing shared by the benchmark scripts.
+
+Absolute times drift on a shared machine, so contenders are timed in one process, one call
+of each per round (interleaved, so drift hits them alike), after a warm-up call that
+compiles. Every ratio printed is **baseline time / ours time**: above 1, ours is faster.
+
+    t = interleaved({"ours": lambda: f(x), "jaxopt": lambda: g(x)}, repeats=7)
+    print(ratio_header("jaxopt", "ours"))
+    print(t.median("ours"), t.median("jaxopt"), t.ratio("jaxopt", "ours"))
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+
+
+def time_call(fn: Callable[..., Any], *args) -> float:
+    """Seconds for one call of `fn(*args)`, waiting for its arrays."""
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The seconds of every round of every contender (`rounds[name][i]`)."""
+
+    rounds: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        """Median seconds of one call of `name`."""
+        return statistics.median(self.rounds[name])
+
+    def ratio(self, baseline: str, ours: str) -> float:
+        """Median over rounds of `baseline time / ours time` (> 1: ours is faster)."""
+        return statistics.median(
+            b / o for b, o in zip(self.rounds[baseline], self.rounds[ours])
+        )
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, *,
+                warmup: bool = True) -> Timings:
+    """Time zero-argument functions side by side: `repeats` rounds, each calling every
+    function once in order; with `warmup`, one untimed call each first (compilation)."""
+    if warmup:
+        for f in fns.values():
+            jax.block_until_ready(f())
+    rounds: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            rounds[k].append(time_call(f))
+    return Timings(rounds)
+
+
+def ratio_header(baseline: str, ours: str) -> str:
+    """The line that states a benchmark's ratio direction."""
+    return (f"ratios are {baseline} time / {ours} time, medians over interleaved rounds "
+            f"(> 1: {ours} is faster)")
