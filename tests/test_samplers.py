@@ -1,11 +1,13 @@
 """Samplers against exact enumeration (brute-force numpy), and the DQA simulator's limits."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spinformer.spins import samplers
+from spinformer.spins import ising, samplers
 
 from spin_helpers import all_configs, ising_energy_terms, ising_exact, random_symmetric
 
@@ -129,6 +131,62 @@ def test_straight_through():
     x = jnp.array([0.1, 0.3])
     np.testing.assert_allclose(f(x), est)
     np.testing.assert_allclose(jax.jacobian(f)(x), np.diag(1 - np.tanh(x) ** 2), rtol=1e-6)
+
+
+def _mean_field_update_reference(m, h, J, beta, K=None):
+    """tanh(β(h + J m + ½ Ks:mm)) in plain jnp, Ks the symmetric three-body tensor built entry
+    by entry from K[j, k, l], j < k < l (zero on repeated indices)."""
+    local = h + J @ m
+    if K is not None:
+        n = m.shape[0]
+        Ks = jnp.zeros((n, n, n), K.dtype)
+        for j, k, l in itertools.combinations(range(n), 3):
+            for p in itertools.permutations((j, k, l)):
+                Ks = Ks.at[p].set(K[j, k, l])
+        local = local + 0.5 * jnp.einsum("jkl,k,l->j", Ks, m, m)
+    return jnp.tanh(beta * local)
+
+
+@pytest.mark.parametrize("three_body", [False, True])
+def test_straight_through_mean_field(three_body, x64):
+    """The value of the estimate, the derivatives (w.r.t. h, J and K) of one mean-field update
+    at the estimate held fixed; no gradient reaches the estimate."""
+    h, J, K = (None if a is None else jnp.asarray(a, jnp.float64)
+               for a in _problem(8 + three_body, three_body, scale=0.8))
+    est = jnp.asarray(np.random.default_rng(10).uniform(-0.9, 0.9, N))
+    beta = 0.7
+
+    def ours(h_, J_, K_, est_):
+        return samplers.straight_through_mean_field(est_, h_, J_, beta=beta, K=K_)
+
+    def ref(h_, J_, K_):
+        return _mean_field_update_reference(est, h_, J_, beta, K_)
+
+    # s + (estimate − s): equal to the estimate up to one rounding
+    np.testing.assert_allclose(ours(h, J, K, est), est, rtol=0, atol=4e-16)
+    np.testing.assert_allclose(ising.mean_field_update(est, h, J, beta=beta, K=K),
+                               ref(h, J, K), rtol=1e-13, atol=1e-14)
+    argnums = (0, 1, 2) if three_body else (0, 1)
+    got = jax.jit(jax.jacobian(ours, argnums=argnums + (3,)))(h, J, K, est)
+    want = jax.jit(jax.jacobian(ref, argnums=argnums))(h, J, K)
+    for g, w_ in zip(got, want):
+        assert g.shape == w_.shape
+        np.testing.assert_allclose(g, w_, rtol=1e-13, atol=1e-14)
+    assert np.any(np.asarray(want[1]) != 0.0)
+    np.testing.assert_array_equal(got[-1], 0.0)  # the estimate's gradient is stopped
+    if three_body:  # only K[j, k, l] with j < k < l is used
+        j, k, l = np.meshgrid(*(np.arange(N),) * 3, indexing="ij")
+        assert np.all(np.asarray(got[2])[:, ~((j < k) & (k < l))] == 0.0)
+        assert np.any(np.asarray(got[2]) != 0.0)
+    # under vmap over a batch of estimates and fields, as a sampler-trained layer calls it:
+    # d Σ sin(m̃)/dh = cos(estimate) · ∂(mean-field update)/∂h
+    ests = jnp.stack([est, -est, jnp.zeros(N)])
+    hs = jnp.stack([h, 0.5 * h, -h])
+    g = jax.grad(lambda h_: jnp.sum(jnp.sin(jax.vmap(
+        lambda e, hq: ours(hq, J, K, e))(ests, h_))))(hs)
+    g_ref = jax.grad(lambda h_: jnp.sum(jnp.cos(ests) * jax.vmap(
+        lambda e, hq: _mean_field_update_reference(e, hq, J, beta, K))(ests, h_)))(hs)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-13, atol=1e-14)
 
 
 def test_input_validation(getkey):

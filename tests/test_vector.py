@@ -195,8 +195,9 @@ def test_tap_step_against_gaussian_fluctuations(x64):
                                                                 R=R))) for t in theta_prev])
     dev = np.einsum("jab,sjb->sja", L, rng.normal(size=(100_000, n, D)))
     phi = jax.jit(lambda t: vector.magnetization(t, beta=beta, R=R))
-    step = jax.jit(lambda J: (vector.naive_step(m_prev, x, J, beta=beta, R=R),
-                              vector.tap_step(m_prev, x, J, beta=beta, R=R, tol=1e-12)))
+    step = jax.jit(lambda J: (vector.mean_field_step(m_prev, x, J, beta=beta, R=R),
+                              vector.tap_step(m_prev, x, J, beta=beta, R=R,
+                                              solver=solvers.Anderson(tol=1e-12)).value))
     errs = []
     for eps in (0.5, 0.25):
         J = eps * J0
@@ -215,9 +216,14 @@ def test_tap_step_against_gaussian_fluctuations(x64):
 N_SPINS, DIM, BETA = 8, 16, 1.0
 RADIUS = float(np.sqrt(DIM / 2 - 1))
 _step = jax.jit(lambda m_prev, x, J: vector.tap_step(m_prev, x, J, beta=BETA, R=RADIUS,
-                                                     tol=1e-6))
-_ness = jax.jit(lambda x, J: vector.tap_ness(x, J, beta=BETA, R=RADIUS, tol=1e-6,
-                                             return_solution=True))
+                                                     solver=solvers.Anderson(tol=1e-6)).value)
+_ness = jax.jit(lambda x, J: vector.tap_ness(x, J, beta=BETA, R=RADIUS,
+                                             solver=solvers.Anderson(tol=1e-6)))
+
+# The adjoint solve the finite-difference checks need: GMRES converges far past the 1e-5
+# relative residual at which the default Anderson linear solver stops (enough for training,
+# too loose for rtol 1e-6).
+_GMRES_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5))
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +241,7 @@ def test_zero_coupling_steps(ness_problem):
     J = jnp.zeros((N_SPINS, N_SPINS))
     want = vector.magnetization(x, beta=BETA, R=RADIUS)
     m_prev = jnp.ones_like(x)
-    np.testing.assert_allclose(vector.naive_step(m_prev, x, J, beta=BETA, R=RADIUS), want,
+    np.testing.assert_allclose(vector.mean_field_step(m_prev, x, J, beta=BETA, R=RADIUS), want,
                                atol=1e-6)
     np.testing.assert_allclose(_step(m_prev, x, J), want, atol=1e-5)
     np.testing.assert_allclose(_ness(x, J).value, want, atol=1e-5)
@@ -259,7 +265,9 @@ def test_tap_ness_agrees_with_jaxopt_and_finite_differences(ness_problem, x64):
     w = jnp.asarray(np.random.default_rng(6).normal(size=x.shape))
 
     def loss(x_, J_):
-        m = vector.tap_ness(x_, J_, beta=BETA, R=RADIUS, tol=1e-12, max_steps=60)
+        m = vector.tap_ness(x_, J_, beta=BETA, R=RADIUS,
+                            solver=solvers.Anderson(tol=1e-12, max_steps=60),
+                            adjoint=_GMRES_ADJOINT).value
         return jnp.sum(w * m), m
 
     def fp(m, x_, J_):  # the steady-state map, for jaxopt
@@ -280,11 +288,84 @@ def test_tap_ness_agrees_with_jaxopt_and_finite_differences(ness_problem, x64):
     np.testing.assert_allclose(fd, want, rtol=1e-6, atol=1e-9)
 
 
+def _phi_numpy(theta, beta, R):
+    """The large-D magnetization βθ/(1 + √(1 + β²‖θ‖²/R²)) in plain numpy."""
+    g = np.sqrt(1.0 + beta**2 * np.sum(theta**2, axis=-1, keepdims=True) / R**2)
+    return beta * theta / (1.0 + g)
+
+
+def test_mean_field_ness_is_the_fixed_point_of_the_mean_field_step(ness_problem):
+    """m = φ(x + J m) to the solver's tolerance, and the end of the first-order time
+    evolution from φ(x). The softmax J is row-stochastic and the large-D φ is 1/2-Lipschitz
+    at β = 1, so the step contracts by at least 1/2: the iteration converges and the solve's
+    distance to the true fixed point is at most twice its residual."""
+    x32, J32 = (jnp.asarray(a, jnp.float32) for a in ness_problem)
+    tol = 1e-6
+    sol = jax.jit(lambda x_, J_: vector.mean_field_ness(
+        x_, J_, beta=BETA, R=RADIUS, solver=solvers.Anderson(tol=tol)))(x32, J32)
+    assert int(sol.result) == solvers.RESULTS.successful
+    m = np.asarray(sol.value)
+    assert m.shape == (N_SPINS, DIM) and m.dtype == np.float32
+    resid = np.max(np.abs(np.asarray(vector.mean_field_step(sol.value, x32, J32, beta=BETA,
+                                                             R=RADIUS)) - m))
+    assert resid <= tol
+    assert float(sol.residual) <= tol
+    np.testing.assert_allclose(float(sol.residual), resid, atol=2e-7)
+    # plain float64 iteration of the mean-field step from the decoupled response φ(x)
+    x, J = ness_problem
+    m_iter = _phi_numpy(x, BETA, RADIUS)
+    for _ in range(200):
+        m_iter = _phi_numpy(x + J @ m_iter, BETA, RADIUS)
+    np.testing.assert_allclose(m, m_iter, atol=2 * tol + 1e-6)
+    # the same through the library's step
+    step = jax.jit(lambda m_: vector.mean_field_step(m_, x32, J32, beta=BETA, R=RADIUS))
+    m_lib = vector.magnetization(x32, beta=BETA, R=RADIUS)
+    for _ in range(60):
+        m_lib = step(m_lib)
+    np.testing.assert_allclose(m, m_lib, atol=2 * tol + 1e-6)
+    # the default solver (Anderson, tol 1e-3 in the ∞-norm)
+    default = vector.mean_field_ness(x32, J32, beta=BETA, R=RADIUS)
+    assert float(default.residual) <= 1e-3
+    np.testing.assert_allclose(default.value, m_iter, atol=2e-3 + 1e-6)
+
+
+def test_mean_field_ness_gradients(ness_problem, x64):
+    """Implicit gradients w.r.t. x against backpropagation through the iterations and central
+    differences; the default adjoint agrees to its 1e-5 relative linear-solve tolerance."""
+    x, J = (jnp.asarray(a) for a in ness_problem)
+    w = jnp.asarray(np.random.default_rng(8).normal(size=x.shape))
+    solver = solvers.Anderson(tol=1e-12)
+
+    def loss(x_, adjoint):
+        sol = vector.mean_field_ness(x_, J, beta=BETA, R=RADIUS, solver=solver, adjoint=adjoint)
+        return jnp.sum(w * sol.value)
+
+    def grad(adjoint):
+        return np.asarray(jax.jit(jax.grad(lambda x_: loss(x_, adjoint)))(x))
+
+    g_implicit = grad(solvers.Implicit(tol=1e-10))
+    g_unrolled = grad(solvers.Unrolled())
+    g_default = grad(None)
+    scale = np.max(np.abs(g_unrolled))
+    np.testing.assert_allclose(g_implicit, g_unrolled, rtol=1e-8, atol=1e-9 * scale)
+    np.testing.assert_allclose(g_default, g_unrolled, rtol=1e-4, atol=1e-4 * scale)
+    # central differences along random directions, in one vmapped call
+    rng = np.random.default_rng(9)
+    k, eps = 4, 1e-6
+    dx = jnp.asarray(rng.normal(size=(k,) + x.shape))
+    batched = jax.jit(jax.vmap(lambda a: loss(a, solvers.Implicit(tol=1e-10))))
+    fd = (batched(x + eps * dx) - batched(x - eps * dx)) / (2 * eps)
+    want = np.einsum("kid,id->k", np.asarray(dx), g_implicit)
+    np.testing.assert_allclose(fd, want, rtol=1e-6, atol=1e-9)
+
+
 def test_errors():
     with pytest.raises(ValueError, match=r"\(n, D\)"):
         vector.tap_ness(jnp.zeros(4), jnp.zeros((4, 4)))
+    with pytest.raises(ValueError, match=r"\(n, D\)"):
+        vector.mean_field_ness(jnp.zeros(4), jnp.zeros((4, 4)))
     with pytest.raises(ValueError, match="shape"):
-        vector.naive_step(jnp.zeros((3, 4)), jnp.zeros((3, 4)), jnp.zeros((2, 2)))
+        vector.mean_field_step(jnp.zeros((3, 4)), jnp.zeros((3, 4)), jnp.zeros((2, 2)))
     with pytest.raises(ValueError, match="m_prev"):
         vector.tap_step(jnp.zeros((3, 5)), jnp.zeros((3, 4)), jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match="variance"):
