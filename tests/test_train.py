@@ -83,6 +83,24 @@ def test_divergence_names_the_checkpoint(tmp_path):
         train.run(cfg, tmp_path)
 
 
+def test_solver_statistics_per_layer(tmp_path):
+    cfg = _tiny_cfg(**{"model.attention": "spin", "model.depth": "2", "model.spin.max_steps": "8",
+                       "train.steps": "2", "train.log_every": "1", "train.eval_every": "2"})
+    s = train.run(cfg, tmp_path)
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    per_layer = {f"{name}/{i}" for name in ("solver_steps", "solver_failures") for i in (0, 1)}
+    for r in records:
+        assert set(r) >= per_layer | {"solver_steps", "solver_failures"}
+        assert 0 <= r["solver_failures/1"] <= 1 and 1 <= r["solver_steps/0"] <= 8
+        layers = (r["solver_steps/0"] + r["solver_steps/1"]) / 2
+        assert abs(layers - r["solver_steps"]) < 1e-4 * r["solver_steps"]
+    assert set(s["metrics"]) >= per_layer
+    assert (tmp_path / "solver_steps.png").exists()
+    table = train.report([tmp_path])
+    assert f"({s['metrics']['solver_steps/0']:.1f} / {s['metrics']['solver_steps/1']:.1f})" in table
+    assert (tmp_path / "report_solver_steps.png").exists()
+
+
 def test_schedule_warmup_cosine():
     s = train.make_schedule(1.0, steps=100, warmup_steps=10, min_lr_ratio=0.1)
     assert float(s(0)) == 0.0 and abs(float(s(10)) - 1.0) < 1e-6
@@ -157,7 +175,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
     assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
     # a changed config is refused by name
     with pytest.raises(C.ConfigError, match="train.lr"):
-        train.run(cfg.replace(**{"train.lr": "0.5"}), tmp_path / "cut", resume=True)
+        train.run(cfg.replace({"train.lr": 0.5}), tmp_path / "cut", resume=True)
 
 
 def test_early_stopping_and_outputs(tmp_path):

@@ -1,9 +1,8 @@
-"""Loss and accuracy figures (PNG, matplotlib's Agg backend)."""
+"""Loss, accuracy and solver-step figures (PNG, matplotlib's Agg backend)."""
 
 from __future__ import annotations
 
 import pathlib
-
 
 
 def _plt():
@@ -20,14 +19,23 @@ def _series(records, split, key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def layers_of(records) -> list[int]:
+    """The layers with per-layer solver steps (`solver_steps/0`, ...) in `records`."""
+    keys = {k for r in records for k in r if k.startswith("solver_steps/")}
+    return sorted(int(k.split("/", 1)[1]) for k in keys)
+
+
 def plot_run(records: list[dict], out_dir) -> list[pathlib.Path]:
-    """Write `loss.png` and `accuracy.png` (train and validation vs step) into `out_dir`."""
+    """Write `loss.png` and `accuracy.png` (train and validation vs step) into `out_dir`,
+    and `solver_steps.png` (forward solver steps per layer vs step) for models that solve
+    fixed points."""
     return plot_runs({"": records}, out_dir)
 
 
 def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pathlib.Path]:
     """Figures comparing several runs (`{label: records}`): `{prefix}loss.png`,
-    `{prefix}accuracy.png`."""
+    `{prefix}accuracy.png`, and `{prefix}solver_steps.png` if any run logged solver steps
+    per layer (one panel per run, one line per layer)."""
     plt = _plt()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -51,4 +59,28 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
         fig.savefig(p, dpi=100)
         plt.close(fig)
         paths.append(p)
+    solved = {label: records for label, records in runs.items() if layers_of(records)}
+    if solved:
+        paths.append(_plot_solver_steps(plt, solved, out / f"{prefix}solver_steps.png"))
     return paths
+
+
+def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> pathlib.Path:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(6, 3 * len(runs)), squeeze=False,
+                             sharex=True)
+    for ax, (label, records) in zip(axes[:, 0], runs.items()):
+        for layer in layers_of(records):
+            for split, style in (("train", ":"), ("val", "-")):
+                xs, ys = _series(records, split, f"solver_steps/{layer}")
+                if xs:
+                    ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
+        ax.set_ylabel("forward solver steps")
+        if label:
+            ax.set_title(label, fontsize="small")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

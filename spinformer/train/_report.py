@@ -8,13 +8,23 @@ from typing import Sequence
 
 import yaml
 
-from ._figures import plot_runs
+from ._figures import layers_of, plot_runs
 from ._loop import _read_records
+
+
+def _solver_steps(metrics: dict) -> str:
+    """`12.3 (10.1 / 14.5)`: mean forward solver steps, overall and per layer."""
+    if "solver_steps" not in metrics:
+        return "-"
+    per_layer = " / ".join(f"{metrics[f'solver_steps/{i}']:.1f}" for i in layers_of([metrics]))
+    return f"{metrics['solver_steps']:.1f}" + (f" ({per_layer})" if per_layer else "")
 
 
 def report(run_dirs: Sequence, out_dir=None) -> str:
     """A Markdown table of the runs' final metrics, and comparison figures in `out_dir`
-    (default: the run directory if there is one, else `./report`).
+    (default: the run directory if there is one, else `./report`): `report_loss.png`,
+    `report_accuracy.png`, and `report_solver_steps.png` (forward solver steps per layer
+    over training) when a run solved fixed points.
 
     **Returns:** the table as a string.
     """
@@ -32,10 +42,11 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
         m = s.get("metrics", {})
         rows.append((
             d.name, (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
-            m.get("loss"), m.get("accuracy"), m.get("solver_steps"), s.get("wall_time_s"),
+            m.get("loss"), m.get("accuracy"), _solver_steps(m), s.get("wall_time_s"),
         ))
         runs[d.name] = _read_records(d / "metrics.jsonl")
-    head = "| run | attention | steps | val loss | val accuracy | solver steps | wall time (s) |"
+    head = ("| run | attention | steps | val loss | val accuracy | solver steps (per layer) "
+            "| wall time (s) |")
     sep = "|---|---|---|---|---|---|---|"
 
     def fmt(v, p=4):
@@ -44,7 +55,7 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
         return f"{v:.{p}f}" if isinstance(v, float) else str(v)
 
     lines = [head, sep] + [
-        f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3])} | {fmt(r[4])} | {fmt(r[5], 1)} | {fmt(r[6], 1)} |"
+        f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3])} | {fmt(r[4])} | {r[5]} | {fmt(r[6], 1)} |"
         for r in rows
     ]
     table = "\n".join(lines)

@@ -27,13 +27,23 @@ def _forward(model, inputs, key):
     return logits, diag
 
 
-def _diag_metrics(diag) -> dict[str, Array]:
-    out = {}
-    stats = diag.solver if isinstance(diag, Diagnostics) else None
-    if stats is not None:
-        out["solver_steps"] = jnp.mean(stats.num_steps.astype(jnp.float32))
-        failed = stats.result != solvers.RESULTS.successful
-        out["solver_failures"] = jnp.mean(failed.astype(jnp.float32))
+def _diag_metrics(diag: Optional[Diagnostics]) -> dict[str, Array]:
+    """Forward solver statistics: overall means `solver_steps`, `solver_failures` (the
+    fraction of solves whose result is not `RESULTS.successful`), and, for models whose
+    diagnostics are stacked over layers (`(batch, depth, ...)`), the same per layer:
+    `solver_steps/0`, `solver_failures/0`, ...; none for models that solve nothing."""
+    if diag is None or diag.solver is None:
+        return {}
+    failed = diag.solver.result != solvers.RESULTS.successful
+    series = {
+        "solver_steps": diag.solver.num_steps.astype(jnp.float32),
+        "solver_failures": failed.astype(jnp.float32),
+    }
+    out = {name: jnp.mean(v) for name, v in series.items()}
+    for name, v in series.items():
+        if v.ndim >= 2:
+            per_layer = jnp.mean(v, axis=(0, *range(2, v.ndim)))
+            out.update({f"{name}/{i}": per_layer[i] for i in range(per_layer.shape[0])})
     return out
 
 
@@ -55,7 +65,8 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
     - `key`: PRNG key for dropout (None: inference).
 
     **Returns:** `(loss, metrics)` with `loss`, `accuracy` (masked means) and, for models that
-    report them, `solver_steps` and `solver_failures`.
+    report solver statistics, `solver_steps` and `solver_failures` overall and per layer
+    (`solver_steps/0`, `solver_failures/0`, ...).
     """
     logits, diag = _forward(model, batch["inputs"], key)
     nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
@@ -119,8 +130,9 @@ def _eval_sums(model, batch):
 def evaluate(model, batches) -> dict[str, float]:
     """Masked loss and accuracy of `model` (inference mode) over an iterable of batches.
 
-    **Returns:** `{"loss", "accuracy", "perplexity"[, "solver_steps", "solver_failures"]}` as
-    Python floats, averaged over all masked positions.
+    **Returns:** `{"loss", "accuracy", "perplexity"[, "solver_steps", "solver_failures",
+    "solver_steps/0", ...]}` as Python floats: loss and accuracy averaged over all masked
+    positions, solver statistics over batches.
     """
     nll = correct = count = 0.0
     extras: dict[str, list] = {}
