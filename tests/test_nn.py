@@ -256,7 +256,7 @@ def test_sequence_model_pool(getkey):
                                atol=1e-6)
     np.testing.assert_allclose(call(clf, tokens), clf.readout(h.mean(0)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="pool='max'"):
-        nn.SequenceModel(12, 5, 16, 1, pool="max", key=getkey())
+        nn.SequenceModel(tagger.transformer, 5, pool="max", key=getkey())
 
 
 def test_carried_state_through_transformer(getkey):

@@ -63,16 +63,10 @@ class Block(eqx.Module):
             self.ffn = None
         self.dropout = eqx.nn.Dropout(dropout)
 
-    def __call__(
-        self,
-        x: Float[Array, "n d"],
-        *,
-        context: Optional[Float[Array, "s d"]] = None,
-        mask: Optional[Bool[Array, "n s"]] = None,
-        state: Optional[Float[Array, "n d"]] = None,
-        key: Optional[PRNGKeyArray] = None,
-        return_diagnostics: bool = False,
-    ):
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None,
+                 state: Optional[Float[Array, "n d"]] = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
         """**Arguments:** `x (n, d)`; `context`, `mask`, `state` (carried from the previous
         call's `diagnostics.state`) are passed to the attention; `key` enables dropout.
 

@@ -30,7 +30,7 @@ Inference: `exact` (enumeration, `spins.ising.boltzmann_marginals`; exact gradie
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Optional
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -99,8 +99,10 @@ def normalized_weights(m, visible=1.0):
     return alpha / jnp.where(total > 0, total, 1.0)  # a query that sees nothing: all zero
 
 
+# The Ising couplings form the optimizer group "couplings", with their own learning rate and
+# weight decay (Kim and Park §4.1: LR_J).
 @register_attention("boltzmann", config=BoltzmannConfig, takes_max_len=True,
-                    help="Ising model over key positions")
+                    help="Ising model over key positions", coupling_fields=("J", "K"))
 class BoltzmannAttention(eqx.Module):
     """Multi-head Boltzmann attention (one example per call).
 
@@ -159,16 +161,8 @@ class BoltzmannAttention(eqx.Module):
     dqa_gamma: float = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
-    # The Ising couplings: `nn.param_labels` puts them in the optimizer group "couplings", with
-    # its own learning rate and weight decay (Kim and Park §4.1: LR_J).
-    coupling_fields: ClassVar[tuple[str, ...]] = ("J", "K")
-
     def __init__(
-        self,
-        dim: int,
-        num_heads: int = 1,
-        causal: bool = False,
-        *,
+        self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
         mode: str = "hJ",
         inference: str = "exact",
@@ -272,16 +266,9 @@ class BoltzmannAttention(eqx.Module):
 
     # -- forward ----------------------------------------------------------------------------
 
-    def __call__(
-        self,
-        x: Float[Array, "n d"],
-        *,
-        context: Optional[Float[Array, "s d"]] = None,
-        mask: Optional[Bool[Array, "n s"]] = None,
-        state: None = None,
-        key: Optional[PRNGKeyArray] = None,
-        return_diagnostics: bool = False,
-    ):
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None, state: None = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
         """**Arguments:**
 
         - `x`: tokens `(n, d)`.

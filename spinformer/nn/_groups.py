@@ -7,9 +7,7 @@ from __future__ import annotations
 import jax
 from jaxtyping import PyTree
 
-# Fallback for attention modules that do not declare `coupling_fields`: the maps that build
-# their couplings.
-COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
+from ._registry import get_attention
 
 
 def _child(obj, key):
@@ -26,9 +24,9 @@ def param_labels(params: PyTree) -> PyTree:
     """Label each array leaf `"couplings"` or `"default"`; use with `optax.multi_transform`.
 
     A leaf is a coupling if it sits under a field named `attention` and, inside that module,
-    under one of the field names the module's class lists in `coupling_fields` (softmax and
-    spin attention: the query/key maps `to_q`, `to_k`; Boltzmann attention: the Ising
-    couplings `J`, `K`, as in the seed's separate LR_J).
+    under one of the `coupling_fields` its class was registered with (`register_attention`;
+    softmax and spin attention: the query/key maps `to_q`, `to_k`; Boltzmann attention: the
+    Ising couplings `J`, `K`, with their own learning rate LR_J as in Kim and Park §4.1).
     """
 
     def label(path, leaf):
@@ -36,7 +34,7 @@ def param_labels(params: PyTree) -> PyTree:
         for i, key in enumerate(path):
             if getattr(key, "name", None) == "attention" and i + 1 < len(path):
                 module = _child(obj, key)
-                fields = getattr(type(module), "coupling_fields", COUPLING_FIELDS)
+                fields = get_attention(type(module)).coupling_fields
                 if getattr(path[i + 1], "name", None) in fields:
                     return "couplings"
                 return "default"

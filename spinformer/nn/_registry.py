@@ -25,6 +25,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Union
 
+# The coupling fields assumed for an attention that does not declare its own: the maps that
+# build attention weights from queries and keys.
+COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
+
 __all__ = [
     "Registration",
     "attention_names",
@@ -49,6 +53,9 @@ class Registration:
     - `takes_max_len`: the constructor needs `max_len=` (the longest key sequence).
     - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
       when a config is read).
+    - `coupling_fields`: the names of the module's fields whose parameters define its
+      couplings (e.g. the query/key maps, or Ising couplings J); `nn.param_labels` puts them
+      in the optimizer group "couplings".
     """
 
     name: str
@@ -57,6 +64,7 @@ class Registration:
     help: str
     takes_max_len: bool = False
     min_head_dim: int = 1
+    coupling_fields: tuple[str, ...] = COUPLING_FIELDS
 
     def kwargs_from(self, section) -> dict:
         """Constructor keyword arguments from the config section (`{}` without a config)."""
@@ -90,6 +98,7 @@ def register_attention(
     help: str = "",
     takes_max_len: bool = False,
     min_head_dim: int = 1,
+    coupling_fields: tuple[str, ...] = COUPLING_FIELDS,
 ):
     """Class decorator: register an attention module under `name`.
 
@@ -102,6 +111,8 @@ def register_attention(
     - `help`: one line saying what the attention is.
     - `takes_max_len`: the constructor takes `max_len=` (given by `Transformer`).
     - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
+    - `coupling_fields`: the fields holding the parameters that define the couplings (the
+      optimizer group "couplings" of `nn.param_labels`).
 
     **Returns:** the decorator, which returns the class unchanged.
     """
@@ -119,7 +130,8 @@ def register_attention(
         if config is not None and not callable(getattr(cls, "from_config", None)):
             raise TypeError(f"register_attention({name!r}): {cls.__name__} has a config "
                             "section, so it needs a classmethod from_config(section) -> dict.")
-        _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim)
+        _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim,
+                                       tuple(coupling_fields))
         _changed()
         return cls
 
@@ -144,7 +156,7 @@ def registrations() -> tuple[Registration, ...]:
 
 def get_attention(attention: Union[str, type, Callable]) -> Registration:
     """The registration of an attention name or class. An unregistered callable gets a
-    registration of its own (no config, no `max_len`), so any
+    registration of its own (no config, no `max_len`, the default coupling fields), so any
     `attention(dim=, num_heads=, causal=, key=, **kwargs)` works."""
     if isinstance(attention, str):
         if attention not in _REGISTRY:

@@ -3,7 +3,7 @@ compared against."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -14,7 +14,9 @@ from ._heads import check_heads, linear_maps, masked_softmax, mix_values, projec
 from ._registry import register_attention
 
 
-@register_attention("softmax", help="standard scaled dot-product attention")
+# The query/key maps define the attention pattern: they form the optimizer group "couplings".
+@register_attention("softmax", help="standard scaled dot-product attention",
+                    coupling_fields=("to_q", "to_k"))
 class SoftmaxAttention(eqx.Module):
     """Multi-head softmax attention (Vaswani et al.), one example per call.
 
@@ -35,36 +37,16 @@ class SoftmaxAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
 
-    # The parameters that define the attention pattern: `nn.param_labels` puts them in the
-    # optimizer group "couplings" (the trainer may give them their own learning rate).
-    coupling_fields: ClassVar[tuple[str, ...]] = ("to_q", "to_k")
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 1,
-        causal: bool = False,
-        use_bias: bool = False,
-        *,
-        key: PRNGKeyArray,
-    ):
+    def __init__(self, dim: int, num_heads: int = 1, causal: bool = False,
+                 use_bias: bool = False, *, key: PRNGKeyArray):
         check_heads("SoftmaxAttention", dim, num_heads)
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(
             dim, use_bias, *jax.random.split(key, 4))
-        self.dim = dim
-        self.num_heads = num_heads
-        self.causal = causal
+        self.dim, self.num_heads, self.causal = dim, num_heads, causal
 
-    def __call__(
-        self,
-        x: Float[Array, "n d"],
-        *,
-        context: Optional[Float[Array, "s d"]] = None,
-        mask: Optional[Bool[Array, "n s"]] = None,
-        state: None = None,
-        key: Optional[PRNGKeyArray] = None,
-        return_diagnostics: bool = False,
-    ):
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None, state: None = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
         """**Arguments:**
 
         - `x`: tokens, shape `(n, d)`.

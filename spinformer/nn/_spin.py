@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Optional
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -98,8 +98,9 @@ def _solver_and_adjoint(section: SpinConfig):
     return solver, adjoint
 
 
+# The query/key maps build the couplings J: they form the optimizer group "couplings".
 @register_attention("spin", config=SpinConfig, help="vector-spin mean field",
-                    min_head_dim=_MIN_HEAD_DIM)
+                    min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"))
 class SpinAttention(eqx.Module):
     """Multi-head spin attention; one example per call.
 
@@ -121,7 +122,8 @@ class SpinAttention(eqx.Module):
       `throw=False` reports non-convergence in the diagnostics instead of raising.
     - `output_proj`: mix the heads' magnetizations with a learned `D × D` map.
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).
-    - `normalize_fields`: rescale each head's field to norm R (as in the seed).
+    - `normalize_fields`: rescale each head's field to norm R (as in Bal, "Spin-Model
+      Transformers").
     - `key`: PRNG key.
     """
 
@@ -143,16 +145,8 @@ class SpinAttention(eqx.Module):
     throw: bool = eqx.field(static=True)
     normalize_fields: bool = eqx.field(static=True)
 
-    # The maps that build the couplings J: `nn.param_labels` puts them in the optimizer group
-    # "couplings".
-    coupling_fields: ClassVar[tuple[str, ...]] = ("to_q", "to_k")
-
     def __init__(
-        self,
-        dim: int,
-        num_heads: int = 1,
-        causal: bool = False,
-        *,
+        self, dim: int, num_heads: int = 1, causal: bool = False, *,
         beta: float = 1.0,
         update: str = "tap",
         mode: str = "fixed_point",
@@ -190,17 +184,9 @@ class SpinAttention(eqx.Module):
         self.field_mlp = FeedForward(dim, field_ffn, key=kf) if field_ffn > 0 else None
         dh = dim // num_heads
         self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned" else None
-        self.beta = beta
-        self.solver = solver
-        self.adjoint = adjoint
-        self.dim = dim
-        self.num_heads = num_heads
-        self.causal = causal
-        self.update = update
-        self.mode = mode
-        self.num_steps = num_steps
-        self.init = init
-        self.throw = throw
+        self.beta, self.solver, self.adjoint, self.throw = beta, solver, adjoint, throw
+        self.dim, self.num_heads, self.causal = dim, num_heads, causal
+        self.update, self.mode, self.num_steps, self.init = update, mode, num_steps, init
         self.normalize_fields = normalize_fields
 
     @classmethod
@@ -219,7 +205,8 @@ class SpinAttention(eqx.Module):
 
     @property
     def radius(self) -> float:
-        """Spin radius R = sqrt(D_h/2 - 1) (large-D convention of the seed)."""
+        """Spin radius R = sqrt(D_h/2 - 1) (the large-D convention of Bal, "Spin-Model
+        Transformers")."""
         return math.sqrt(self.head_dim / 2 - 1)
 
     def couplings(
@@ -243,16 +230,10 @@ class SpinAttention(eqx.Module):
             xh = self.radius * xh / norm
         return xh
 
-    def __call__(
-        self,
-        x: Float[Array, "n d"],
-        *,
-        context: Optional[Float[Array, "s d"]] = None,
-        mask: Optional[Bool[Array, "n s"]] = None,
-        state: Optional[Float[Array, "n d"]] = None,
-        key: Optional[PRNGKeyArray] = None,
-        return_diagnostics: bool = False,
-    ):
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None,
+                 state: Optional[Float[Array, "n d"]] = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
         """**Arguments:**
 
         - `x`: tokens `(n, d)` (the external fields).

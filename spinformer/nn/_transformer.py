@@ -158,12 +158,10 @@ class SequenceModel(eqx.Module):
 
     **Arguments:**
 
-    - `vocab_size`: number of input token ids.
+    - `transformer`: the `Transformer` (width D).
     - `num_outputs`: size of the readout (classes, or the vocabulary of a language model).
-    - `dim`, `depth`, `num_heads`, `max_len`, `attention`, `attention_kwargs`, `causal`,
-      `ffn_hidden`, `dropout`: as `Transformer`.
     - `pool`: `"none"` (logits `(n, num_outputs)`) or `"mean"` (logits `(num_outputs,)`).
-    - `key`: PRNG key.
+    - `key`: PRNG key for the readout.
 
     `CausalLM`, `Tagger` and `Classifier` build the three usual cases.
     """
@@ -172,44 +170,19 @@ class SequenceModel(eqx.Module):
     readout: eqx.nn.Linear
     pool: str = eqx.field(static=True)
 
-    def __init__(
-        self,
-        vocab_size: int,
-        num_outputs: int,
-        dim: int,
-        depth: int,
-        num_heads: int = 1,
-        max_len: int = 512,
-        attention: Union[str, Callable[..., eqx.Module]] = "softmax",
-        attention_kwargs: Optional[dict[str, Any]] = None,
-        causal: bool = False,
-        ffn_hidden: int = 0,
-        dropout: float = 0.0,
-        pool: str = "none",
-        *,
-        key: PRNGKeyArray,
-    ):
+    def __init__(self, transformer: Transformer, num_outputs: int, pool: str = "none", *,
+                 key: PRNGKeyArray):
         if pool not in _POOLS:
             raise ValueError(f"SequenceModel: pool={pool!r}; choose one of {_POOLS}.")
-        kt, kh = jax.random.split(key)
-        self.transformer = Transformer(
-            vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
-            attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
-            dropout=dropout, key=kt,
-        )
-        self.readout = eqx.nn.Linear(dim, num_outputs, key=kh)
+        self.transformer = transformer
+        self.readout = eqx.nn.Linear(transformer.pos_embed.shape[1], num_outputs, key=key)
         self.pool = pool
 
-    def __call__(
-        self,
-        tokens: Int[Array, " n"],
-        *,
-        context: Optional[Float[Array, "s d"]] = None,
-        mask: Optional[Bool[Array, "n s"]] = None,
-        state: Optional[Float[Array, "depth n d"]] = None,
-        key: Optional[PRNGKeyArray] = None,
-        return_diagnostics: bool = False,
-    ):
+    def __call__(self, tokens: Int[Array, " n"], *,
+                 context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None,
+                 state: Optional[Float[Array, "depth n d"]] = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
         """**Arguments:** `tokens (n,)` integer ids; `context`, `mask`, `state`, `key`,
         `return_diagnostics` as in `Transformer.__call__`.
 
@@ -226,6 +199,18 @@ class SequenceModel(eqx.Module):
         return (logits, diag) if return_diagnostics else logits
 
 
+def _with_readout(num_outputs, pool, key, vocab_size, dim, depth, num_heads, max_len,
+                  attention, attention_kwargs, causal, ffn_hidden, dropout) -> SequenceModel:
+    """A `Transformer` and its readout, built from one key."""
+    kt, kh = jax.random.split(key)
+    transformer = Transformer(
+        vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
+        attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
+        dropout=dropout, key=kt,
+    )
+    return SequenceModel(transformer, num_outputs, pool, key=kh)
+
+
 def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len: int = 512,
              attention="softmax", attention_kwargs=None, ffn_hidden: int = 0,
              dropout: float = 0.0, *, key: PRNGKeyArray) -> SequenceModel:
@@ -235,10 +220,8 @@ def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len:
 
     **Returns:** a `SequenceModel`.
     """
-    return SequenceModel(vocab_size, vocab_size, dim, depth, num_heads=num_heads,
-                         max_len=max_len, attention=attention,
-                         attention_kwargs=attention_kwargs, causal=True,
-                         ffn_hidden=ffn_hidden, dropout=dropout, pool="none", key=key)
+    return _with_readout(vocab_size, "none", key, vocab_size, dim, depth, num_heads, max_len,
+                         attention, attention_kwargs, True, ffn_hidden, dropout)
 
 
 def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
@@ -252,10 +235,8 @@ def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: i
 
     **Returns:** a `SequenceModel`.
     """
-    return SequenceModel(vocab_size, num_classes, dim, depth, num_heads=num_heads,
-                         max_len=max_len, attention=attention,
-                         attention_kwargs=attention_kwargs, causal=causal,
-                         ffn_hidden=ffn_hidden, dropout=dropout, pool="none", key=key)
+    return _with_readout(num_classes, "none", key, vocab_size, dim, depth, num_heads, max_len,
+                         attention, attention_kwargs, causal, ffn_hidden, dropout)
 
 
 def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
@@ -269,7 +250,5 @@ def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_head
 
     **Returns:** a `SequenceModel`.
     """
-    return SequenceModel(vocab_size, num_classes, dim, depth, num_heads=num_heads,
-                         max_len=max_len, attention=attention,
-                         attention_kwargs=attention_kwargs, causal=causal,
-                         ffn_hidden=ffn_hidden, dropout=dropout, pool="mean", key=key)
+    return _with_readout(num_classes, "mean", key, vocab_size, dim, depth, num_heads, max_len,
+                         attention, attention_kwargs, causal, ffn_hidden, dropout)
