@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import spinformer as sf
-from spinformer.train import _loop
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {"brackets": ROOT / "configs/boltzmann_brackets.yaml",
@@ -86,16 +85,16 @@ def run_name(task, T, ffn, mode, seed):
 def config_for(task, T, ffn, mode, seed, quick):
     """The config of one run; `mode` is one of MODES or EXTRAS."""
     base_mode = EXTRAS[mode][0] if mode in EXTRAS else mode
-    over = [f"data.seq_len={T}", f"model.ffn_hidden={ffn}", f"model.boltzmann.mode={base_mode}",
-            f"train.seed={seed}", f"data.seed={seed}", "train.progress=false"]
+    over = {"data.seq_len": T, "model.ffn_hidden": ffn, "model.boltzmann.mode": base_mode,
+            "train.seed": seed, "data.seed": seed, "train.progress": False}
     if quick:
-        over += ["train.steps=6", "train.eval_every=3", "data.eval_batches=1",
-                 "data.batch_size=8", "train.warmup_steps=1"]
+        over.update({"train.steps": 6, "train.eval_every": 3, "data.eval_batches": 1,
+                     "data.batch_size": 8, "train.warmup_steps": 1})
         if task == "chars":
-            over += ["data.max_chars=5000"]
-    cfg = sf.config.load_config(CONFIGS[task], overrides=over)
+            over["data.max_chars"] = 5000
+    cfg = sf.config.load_config(CONFIGS[task]).replace(over)
     if mode in EXTRAS:
-        cfg = cfg.replace(**{k: str(v) for k, v in EXTRAS[mode][1](cfg).items()})
+        cfg = cfg.replace(EXTRAS[mode][1](cfg))
     return cfg
 
 
@@ -255,7 +254,7 @@ def _curves(rows, task, T, ffn, key, path, title, modes=MODES):
         for r in rows:
             if (r["task"], r["T"], r["ffn"], r["mode"]) != (task, T, ffn, mode):
                 continue
-            recs = [x for x in _loop._read_records(r["dir"] / "metrics.jsonl")
+            recs = [x for x in sf.train.read_metrics(r["dir"])
                     if x.get("split") == "val"]
             series.append({x["step"]: x[key] for x in recs})
         if not series:
@@ -450,9 +449,8 @@ def cmd_report(args):
 
 
 def _with_inference(cfg, dataset, trained, inference, **extra):
-    over = [f"model.boltzmann.inference={inference}"] + [
-        f"model.boltzmann.{k}={v}" for k, v in extra.items()]
-    cfg2 = cfg.replace(**{k: v for k, v in (o.split("=") for o in over)})
+    cfg2 = cfg.replace({"model.boltzmann.inference": inference,
+                        **{f"model.boltzmann.{k}": v for k, v in extra.items()}})
     fresh = sf.train.build_model(cfg2, dataset, key=jax.random.key(0))
     leaves = jax.tree_util.tree_leaves(eqx.filter(trained, eqx.is_array))
     arrays, static = eqx.partition(fresh, eqx.is_array)
@@ -496,8 +494,8 @@ def cmd_approx(args):
         (logits, d) = diag(model, tokens)
         jax.block_until_ready(logits)
         wall = time.perf_counter() - t0
-        m = d["magnetizations"][:, 0, 0]  # (B, n, s): layer 0, head 0
-        w = d["couplings"][:, 0, 0]
+        m = d.magnetizations[:, 0, 0]  # (B, n, s): layer 0, head 0
+        w = d.weights[:, 0, 0]  # the normalised weights α̃
         acc = float(jnp.sum((jnp.argmax(logits, -1) == batch["targets"][: len(tokens)])
                             * batch["mask"][: len(tokens)]) / jnp.sum(batch["mask"][: len(tokens)]))
         out[label] = dict(alpha=(np.asarray(m) + 1) / 2, weights=np.asarray(w), acc=acc,

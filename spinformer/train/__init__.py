@@ -13,7 +13,7 @@ from ._checkpoint import (
 )
 from ._experiment import build_dataset, build_model, build_optimizer, run
 from ._figures import plot_run, plot_runs
-from ._loop import fit
+from ._loop import fit, read_metrics
 from ._report import report
 from ._step import (
     evaluate,
@@ -47,6 +47,7 @@ __all__ = [
     "plot_run",
     "plot_runs",
     "read_checkpoint",
+    "read_metrics",
     "report",
     "run",
     "save_checkpoint",

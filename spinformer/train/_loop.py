@@ -33,6 +33,13 @@ def _read_records(path: pathlib.Path) -> list[dict]:
     return out
 
 
+def read_metrics(run_dir) -> list[dict]:
+    """The records of a run directory's `metrics.jsonl`, in order (`[]` if there is none;
+    a last line cut short by a kill is dropped). Each has `step`, `split` (`"train"` or
+    `"val"`), `time_s` and the metrics logged then."""
+    return _read_records(pathlib.Path(run_dir) / "metrics.jsonl")
+
+
 def _write_records(path: pathlib.Path, records: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

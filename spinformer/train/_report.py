@@ -9,7 +9,7 @@ from typing import Sequence
 import yaml
 
 from ._figures import layers_of, plot_runs
-from ._loop import _read_records
+from ._loop import read_metrics
 
 
 def _solver_steps(metrics: dict) -> str:
@@ -44,7 +44,7 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
             d.name, (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
             m.get("loss"), m.get("accuracy"), _solver_steps(m), s.get("wall_time_s"),
         ))
-        runs[d.name] = _read_records(d / "metrics.jsonl")
+        runs[d.name] = read_metrics(d)
     head = ("| run | attention | steps | val loss | val accuracy | solver steps (per layer) "
             "| wall time (s) |")
     sep = "|---|---|---|---|---|---|---|"
