@@ -47,3 +47,13 @@ def sk_couplings(rng, n, beta, j_mean=1.0, j_std=0.1):
     J = rng.normal(beta * j_mean / n, beta * j_std / np.sqrt(n), size=(n, n))
     J = np.triu(J, 1)
     return J + J.T
+
+
+def tuned(solver=None, **rule):
+    """`solver` (default `Anderson()`) with its stopping rule (`tol`, `max_steps`, `norm`)
+    replaced: the tolerances live on the solver objects."""
+    import dataclasses
+
+    from spinformer import solvers
+
+    return dataclasses.replace(solvers.Anderson() if solver is None else solver, **rule)

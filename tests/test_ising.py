@@ -101,9 +101,10 @@ def solved_batch():
                 exact=ising.exact_marginals(h, J, beta=beta),
                 corr=ising.connected_correlations(h, J, beta=beta),
                 log_z=ising.log_partition(h, J, beta=beta),
-                mf=ising.mean_field(h, J, beta=beta, tol=1e-6, return_solution=True),
-                tap=ising.tap(h, J, beta=beta, tol=1e-6, return_solution=True),
-                tap_damped=ising.tap(h, J, beta=beta, tol=1e-6, damping=0.5, max_steps=300),
+                mf=ising.mean_field(h, J, beta=beta, solver=solvers.Anderson(tol=1e-6)),
+                tap=ising.tap(h, J, beta=beta, solver=solvers.Anderson(tol=1e-6)),
+                tap_damped=ising.tap(h, J, beta=beta, damping=0.5,
+                                     solver=solvers.Anderson(tol=1e-6, max_steps=300)).value,
             )
 
         return jax.vmap(one)(hs, Js)
@@ -157,8 +158,8 @@ def test_tap_gradients_finite_differences(x64):
     w = jnp.asarray(rng.normal(size=n))
 
     def loss(h_, J_, adjoint=None):
-        return jnp.dot(w, ising.tap(h_, J_, beta=beta, tol=1e-12, max_steps=25,
-                                    adjoint=adjoint))
+        return jnp.dot(w, ising.tap(h_, J_, beta=beta, adjoint=adjoint,
+                                    solver=solvers.Anderson(tol=1e-12, max_steps=25)).value)
 
     gh, gJ = jax.jit(jax.grad(loss, argnums=(0, 1)))(h, J)
     gh_u, gJ_u = jax.jit(jax.grad(lambda a, b: loss(a, b, solvers.Unrolled()),
@@ -190,3 +191,32 @@ def test_shape_errors():
         ising.log_partition(jnp.zeros(40), jnp.zeros((40, 40)))
     with pytest.raises(ValueError, match="damping"):
         ising.mean_field(h, jnp.zeros((3, 3)), damping=1.0)
+
+
+def test_three_body_mean_field_against_explicit_sums(x64):
+    rng = np.random.default_rng(12)
+    n, beta = 5, 0.7
+    h = rng.normal(size=n) * 0.4
+    J = random_symmetric(rng, n, 0.5)
+    K = rng.normal(size=(n, n, n)) * 0.3
+    m = np.tanh(rng.normal(size=n))
+
+    def local(m):
+        # spin j feels sum over the other two members of every triple k < l < ... containing j
+        f = h + J @ m
+        for a in range(n):
+            for b in range(a + 1, n):
+                for c in range(b + 1, n):
+                    f[a] += K[a, b, c] * m[b] * m[c]
+                    f[b] += K[a, b, c] * m[a] * m[c]
+                    f[c] += K[a, b, c] * m[a] * m[b]
+        return f
+
+    np.testing.assert_allclose(ising.mean_field_update(m, h, J, beta=beta, K=K),
+                               np.tanh(beta * local(m)), atol=1e-12)
+    sol = ising.mean_field(h, J, beta=beta, K=K, solver=solvers.Anderson(tol=1e-12))
+    np.testing.assert_allclose(sol.value, np.tanh(beta * local(np.asarray(sol.value))),
+                               atol=1e-11)
+    # K = 0 is the pairwise equation
+    np.testing.assert_allclose(ising.mean_field(h, J, K=np.zeros((n, n, n))).value,
+                               ising.mean_field(h, J).value, atol=1e-12)

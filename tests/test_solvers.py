@@ -12,6 +12,7 @@ from solver_helpers import (
     numpy_tap,
     random_contraction,
     sk_couplings,
+    tuned,
     tanh_map,
     tap_map,
 )
@@ -20,7 +21,7 @@ FP_SOLVERS = [
     S.Picard(),
     S.Picard(damping=0.3),
     S.Anderson(),
-    S.Anderson(history=2, mixing=0.7, safeguard=False),
+    S.Anderson(history=2, damping=0.3, safeguard=False),
     S.Broyden(),
     S.Newton(),
     S.JaxoptAnderson(),
@@ -42,7 +43,7 @@ def test_linear_map_closed_form(solver, x64):
     A = random_contraction(rng, n, 0.6)
     b = rng.normal(size=n)
     sol = S.fixed_point(linear_map, jnp.zeros(n), (jnp.asarray(A), jnp.asarray(b)),
-                        solver=solver, tol=1e-10, max_steps=200)
+                        solver=tuned(solver, tol=1e-10, max_steps=200))
     exact = np.linalg.solve(np.eye(n) - A, b)
     np.testing.assert_allclose(sol.value, exact, atol=1e-8)
     assert sol.result == S.RESULTS.successful
@@ -62,7 +63,7 @@ def test_tanh_contraction_matches_long_iteration(solver):
     ref = numpy_iterate(lambda x: np.tanh(W @ x + b), np.zeros(n))
     sol = S.fixed_point(tanh_map, jnp.zeros(n, jnp.float32),
                         (jnp.asarray(W, jnp.float32), jnp.asarray(b, jnp.float32)),
-                        solver=solver, tol=1e-6)
+                        solver=tuned(solver, tol=1e-6))
     np.testing.assert_allclose(sol.value, ref, atol=2e-5)
     assert sol.value.dtype == jnp.float32
 
@@ -76,7 +77,8 @@ def test_binary_tap_matches_damped_iteration():
     assert np.max(np.abs(numpy_tap(h, J, beta)(ref) - ref)) < 1e-12
     args = (jnp.asarray(h, jnp.float32), jnp.asarray(J, jnp.float32), beta)
     for solver in (S.Anderson(), S.Picard(damping=0.5), S.Broyden()):
-        sol = S.fixed_point(tap_map, jnp.zeros(n), args, solver=solver, tol=1e-6, max_steps=300)
+        sol = S.fixed_point(tap_map, jnp.zeros(n), args,
+                            solver=tuned(solver, tol=1e-6, max_steps=300))
         np.testing.assert_allclose(sol.value, ref, atol=5e-6)
 
 
@@ -85,9 +87,11 @@ def test_anderson_beats_picard_on_tap_near_critical_point():
     n, beta = 128, 1.11
     J = jnp.asarray(sk_couplings(rng, n, beta), jnp.float32)
     h = jnp.asarray(rng.uniform(-0.5 * beta, 0.5 * beta, n), jnp.float32)
-    kw = dict(tol=1e-5, max_steps=1000, throw=False)
-    pic = S.fixed_point(tap_map, jnp.zeros(n), (h, J, 1.0), solver=S.Picard(), **kw)
-    and_ = S.fixed_point(tap_map, jnp.zeros(n), (h, J, 1.0), solver=S.Anderson(), **kw)
+    rule = dict(tol=1e-5, max_steps=1000)
+    pic = S.fixed_point(tap_map, jnp.zeros(n), (h, J, 1.0), solver=S.Picard(**rule),
+                        throw=False)
+    and_ = S.fixed_point(tap_map, jnp.zeros(n), (h, J, 1.0), solver=S.Anderson(**rule),
+                         throw=False)
     assert and_.result == S.RESULTS.successful
     assert int(and_.num_steps) < int(pic.num_steps)
     ref = numpy_iterate(numpy_tap(np.asarray(h, np.float64), np.asarray(J, np.float64), 1.0),
@@ -110,7 +114,7 @@ def test_pytree_state(x64):
     for _ in range(500):
         ref = {"a": np.tanh(np.asarray(A) @ ref["a"] + 0.1 * ref["b"][0][0] + 1.0),
                "b": (np.asarray(B) @ ref["b"][0] - 0.2 * ref["a"].sum(), ref["b"][1] * 0.5 + 1)}
-    sol = S.fixed_point(fn, x0, None, tol=1e-12, max_steps=200)
+    sol = S.fixed_point(fn, x0, None, solver=S.Anderson(tol=1e-12, max_steps=200))
     assert jax.tree.structure(sol.value) == jax.tree.structure(x0)
     np.testing.assert_allclose(sol.value["a"], ref["a"], atol=1e-10)
     np.testing.assert_allclose(sol.value["b"][0], ref["b"][0], atol=1e-10)
@@ -126,10 +130,10 @@ def test_root_find_newton_and_broyden(x64):
     ref = np.array([np.real([r for r in np.roots([1, 0, 1, -t]) if abs(r.imag) < 1e-9][0])
                     for t in np.asarray(theta)])
     for solver in (S.Newton(), S.Broyden()):
-        sol = S.root_find(F, jnp.zeros(3), theta, solver=solver, tol=1e-12)
+        sol = S.root_find(F, jnp.zeros(3), theta, solver=tuned(solver, tol=1e-12))
         np.testing.assert_allclose(sol.value, ref, atol=1e-10)
         # d x / d t = 1 / (3 x^2 + 1)
-        g = jax.grad(lambda t: S.root_find(F, jnp.zeros(3), t, solver=solver, tol=1e-12,
+        g = jax.grad(lambda t: S.root_find(F, jnp.zeros(3), t, solver=tuned(solver, tol=1e-12),
                                            adjoint=S.Implicit(tol=1e-11)).value.sum())(theta)
         np.testing.assert_allclose(g, 1 / (3 * ref**2 + 1), rtol=1e-7)
 
@@ -150,7 +154,7 @@ def test_vmap_per_example_statistics():
 
     def solve(rate, bi):
         return S.fixed_point(lambda x, a: a[0] * jnp.sin(x) + a[1], jnp.zeros(()), (rate, bi),
-                             solver=S.Picard(), tol=1e-6, max_steps=500)
+                             solver=S.Picard(tol=1e-6, max_steps=500))
 
     batched = jax.vmap(solve)(rates, b)
     assert batched.num_steps.shape == (3,)
@@ -166,8 +170,8 @@ def test_vmap_per_example_statistics():
 
 def test_vmap_mixed_results_without_throw():
     def solve(slope):
-        return S.fixed_point(lambda x, s: s * x + 1.0, jnp.zeros(()), slope, solver=S.Picard(),
-                             tol=1e-6, max_steps=50, throw=False)
+        return S.fixed_point(lambda x, s: s * x + 1.0, jnp.zeros(()), slope,
+                             solver=S.Picard(tol=1e-6, max_steps=50), throw=False)
 
     sol = jax.vmap(solve)(jnp.array([0.5, 1.5]))
     np.testing.assert_array_equal(sol.result, [S.RESULTS.successful, S.RESULTS.max_steps_reached])
@@ -199,8 +203,8 @@ def _fd_grad(f, x, eps=1e-6):
     "solver,adjoint",
     [
         (S.Anderson(), S.Implicit(tol=1e-11)),
-        (S.Anderson(), S.Implicit(linear_solver="bicgstab", tol=1e-11)),
-        (S.Anderson(), S.Implicit(linear_solver="anderson", tol=1e-11)),
+        (S.Anderson(), S.Implicit(linear_solver=S.BiCGStab(), tol=1e-11)),
+        (S.Anderson(), S.Implicit(linear_solver=S.GMRES(restart=20), tol=1e-11)),
         (S.Picard(damping=0.2), S.Implicit(tol=1e-11)),
         (S.Broyden(), S.Implicit(tol=1e-11)),
         (S.JaxoptAnderson(), S.Implicit(tol=1e-11)),
@@ -212,8 +216,8 @@ def test_gradients_implicit_unrolled_fd_agree(solver, adjoint, x64):
     w = jnp.linspace(-1.0, 1.0, h.shape[0])
 
     def loss(h, J, adj, sol=solver):
-        m = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9), solver=sol, adjoint=adj,
-                          tol=1e-12, max_steps=400).value
+        m = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
+                          solver=tuned(sol, tol=1e-12, max_steps=400), adjoint=adj).value
         return jnp.sum(w * m) + jnp.sum(m**2)
 
     g_imp = jax.grad(loss, argnums=(0, 1))(h, J, adjoint)
@@ -228,14 +232,18 @@ def test_unrolled_through_anderson_matches_fd(x64):
     h, J = _tap_problem(n=6, seed=6)
 
     def loss(h):
-        m = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9), solver=S.Anderson(),
-                          adjoint=S.Unrolled(), tol=1e-12, max_steps=100).value
+        m = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
+                          solver=S.Anderson(tol=1e-12, max_steps=100),
+                          adjoint=S.Unrolled()).value
         return jnp.sum(jnp.sin(m))
 
     np.testing.assert_allclose(jax.grad(loss)(h), _fd_grad(loss, h), rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("linear_solver", ["gmres", "bicgstab", "picard", "anderson"])
+@pytest.mark.parametrize(
+    "linear_solver",
+    [S.GMRES(), S.BiCGStab(), S.Picard(), S.Anderson(history=5, safeguard=False)], ids=ids,
+)
 def test_gradient_wrt_closed_over_parameters(linear_solver, x64):
     rng = np.random.default_rng(7)
     W = jnp.asarray(random_contraction(rng, 5, 0.7))
@@ -243,7 +251,8 @@ def test_gradient_wrt_closed_over_parameters(linear_solver, x64):
 
     def loss(W, adjoint):
         fn = lambda x, _: jnp.tanh(W @ x + b)  # W is closed over, not passed as args
-        return jnp.sum(S.fixed_point(fn, jnp.zeros(5), None, adjoint=adjoint, tol=1e-12).value ** 2)
+        sol = S.fixed_point(fn, jnp.zeros(5), None, solver=S.Anderson(tol=1e-12), adjoint=adjoint)
+        return jnp.sum(sol.value**2)
 
     g_imp = jax.grad(loss)(W, S.Implicit(linear_solver, tol=1e-11, max_steps=1000))
     g_unr = jax.grad(loss)(W, S.Unrolled())
@@ -256,7 +265,8 @@ def test_gradients_under_vmap(x64):
     H = jnp.stack([h, 0.5 * h, -h])
 
     def loss(h):
-        return jnp.sum(S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9), tol=1e-12).value)
+        return jnp.sum(S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
+                                     solver=S.Anderson(tol=1e-12)).value)
 
     grad = jax.jit(jax.grad(loss))
     g_batched = jax.jit(jax.vmap(jax.grad(loss)))(H)
@@ -272,13 +282,14 @@ def test_phantom_and_onestep_errors_are_bounded(x64):
     w = jnp.asarray(rng.normal(size=n))
 
     def loss(b, adjoint):
-        return w @ S.fixed_point(linear_map, jnp.zeros(n), (A, b), adjoint=adjoint, tol=1e-12).value
+        return w @ S.fixed_point(linear_map, jnp.zeros(n), (A, b), adjoint=adjoint,
+                                 solver=S.Anderson(tol=1e-12)).value
 
     exact = np.linalg.solve((np.eye(n) - np.asarray(A)).T, np.asarray(w))  # d loss / d b
     rel = lambda g: np.linalg.norm(np.asarray(g) - exact) / np.linalg.norm(exact)
     e1 = rel(jax.grad(loss)(b, S.OneStep()))
-    e_ph2 = rel(jax.grad(loss)(b, S.Phantom(steps=2, damping=1.0)))
-    e_ph10 = rel(jax.grad(loss)(b, S.Phantom(steps=10, damping=1.0)))
+    e_ph2 = rel(jax.grad(loss)(b, S.Phantom(steps=2, damping=0.0)))
+    e_ph10 = rel(jax.grad(loss)(b, S.Phantom(steps=10, damping=0.0)))
     # Truncating the Neumann series sum_k (A^T)^k w after k terms leaves error <= rho^k/(1-rho)*|w|.
     bound = lambda k: rho**k / (1 - rho) * np.linalg.norm(w) / np.linalg.norm(exact)
     assert 0 < e1 <= bound(1) + 1e-12
@@ -286,7 +297,8 @@ def test_phantom_and_onestep_errors_are_bounded(x64):
     assert e_ph10 <= bound(10) + 1e-12
     assert e_ph10 < e_ph2 < e1
     # The forward value is the solved fixed point, not the phantom iterate.
-    v = S.fixed_point(linear_map, jnp.zeros(n), (A, b), adjoint=S.Phantom(steps=3), tol=1e-12).value
+    v = S.fixed_point(linear_map, jnp.zeros(n), (A, b), adjoint=S.Phantom(steps=3),
+                      solver=S.Anderson(tol=1e-12)).value
     np.testing.assert_allclose(v, np.linalg.solve(np.eye(n) - A, b), atol=1e-10)
 
 
@@ -294,15 +306,16 @@ def test_phantom_and_onestep_errors_are_bounded(x64):
 
 
 def test_nonconvergence_raises_with_throw():
-    f = jax.jit(lambda x0: S.fixed_point(lambda x, _: x + 1.0, x0, None, max_steps=20).value)
+    f = jax.jit(lambda x0: S.fixed_point(lambda x, _: x + 1.0, x0, None,
+                                         solver=S.Anderson(max_steps=20)).value)
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(f(jnp.zeros(3)))
 
 
 def test_nonconvergence_reported_without_throw():
     for solver in (S.Picard(), S.Anderson(), S.Broyden()):
-        sol = S.fixed_point(lambda x, _: x + 1.0, jnp.zeros(3), None, solver=solver,
-                            max_steps=20, throw=False)
+        sol = S.fixed_point(lambda x, _: x + 1.0, jnp.zeros(3), None,
+                            solver=tuned(solver, max_steps=20), throw=False)
         assert int(sol.result) == S.RESULTS.max_steps_reached
         assert int(sol.num_steps) == 20
         assert float(sol.residual) >= 0.99
@@ -324,30 +337,30 @@ def test_anderson_safeguard_recovers_from_blowup():
     f = lambda x, p: p[0] * jnp.sqrt(x) + p[1] * jnp.cos(p[2] * x) ** 2
     p = jnp.array([0.36156827, 0.3397506, 2.8353972])
     x0 = jnp.full((3,), 1.2898477)
-    kw = dict(tol=1e-6, throw=False, max_steps=200)
-    bare = S.fixed_point(f, x0, p, solver=S.Anderson(safeguard=False), **kw)
+    rule = dict(tol=1e-6, max_steps=200)
+    bare = S.fixed_point(f, x0, p, solver=S.Anderson(safeguard=False, **rule), throw=False)
     assert int(bare.result) == S.RESULTS.nonfinite
-    sol = S.fixed_point(f, x0, p, solver=S.Anderson(), **kw)
+    sol = S.fixed_point(f, x0, p, solver=S.Anderson(**rule), throw=False)
     assert int(sol.result) == S.RESULTS.successful
     np.testing.assert_allclose(f(sol.value, p), sol.value, atol=1e-6)
 
 
 def test_failing_backward_solve_raises_or_nans():
     A = 0.99 * jnp.eye(3)  # slow to invert by Neumann iteration
-    adj = S.Implicit(linear_solver="picard", max_steps=3)
+    adj = S.Implicit(linear_solver=S.Picard(), max_steps=3)
 
     def loss(b, throw):
-        return S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=adj, tol=1e-6,
-                             max_steps=5000, solver=S.Anderson(), throw=throw).value.sum()
+        return S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=adj,
+                             solver=S.Anderson(tol=1e-6, max_steps=5000), throw=throw).value.sum()
 
     with pytest.raises(Exception, match="backward linear solve"):
         jax.block_until_ready(jax.grad(loss)(jnp.ones(3), True))
     g = jax.grad(loss)(jnp.ones(3), False)
     assert np.all(np.isnan(g))
     # With enough steps the same solve succeeds: the failure was the solve, not the map.
-    ok = S.Implicit(linear_solver="picard", max_steps=5000, tol=1e-5)
+    ok = S.Implicit(linear_solver=S.Picard(), max_steps=5000, tol=1e-5)
     g = jax.grad(lambda b: S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=ok,
-                                         max_steps=5000).value.sum())(jnp.ones(3))
+                                         solver=S.Anderson(max_steps=5000)).value.sum())(jnp.ones(3))
     np.testing.assert_allclose(g, 100.0, rtol=1e-3)
 
 
@@ -363,9 +376,9 @@ def test_input_errors_are_clear():
     with pytest.raises(ValueError, match="floating"):
         S.fixed_point(good, jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match="max_steps"):
-        S.fixed_point(good, jnp.zeros(2), max_steps=0)
+        S.Anderson(max_steps=0)
     with pytest.raises(ValueError, match="tol"):
-        S.fixed_point(good, jnp.zeros(2), tol=-1.0)
+        S.Picard(tol=-1.0)
     with pytest.raises(ValueError, match="solver"):
         S.fixed_point(good, jnp.zeros(2), solver="anderson")
     with pytest.raises(ValueError, match="Newton"):
@@ -377,9 +390,15 @@ def test_input_errors_are_clear():
     with pytest.raises(ValueError, match="damping"):
         S.Picard(damping=1.0)
     with pytest.raises(ValueError, match="linear_solver"):
-        S.Implicit(linear_solver="cg")
+        S.Implicit(linear_solver="gmres")
     with pytest.raises(ValueError, match="norm"):
-        S.fixed_point(good, jnp.zeros(2), norm="l1")
+        S.Anderson(norm="l2")
+    with pytest.raises(ValueError, match="damping"):
+        S.Phantom(damping=1.0)
+    with pytest.raises(ValueError, match="damping"):
+        S.Newton(damping=-0.1)
+    with pytest.raises(TypeError):
+        S.fixed_point(good, jnp.zeros(2), tol=1e-3)  # tolerances live on the solver
 
 
 # ----------------------------------------------------------------------------- jaxopt parity
@@ -391,17 +410,20 @@ def test_parity_with_jaxopt_anderson(x64):
     x0 = jnp.zeros_like(h)
     ref = jax.jit(lambda a: jaxopt.AndersonAcceleration(
         tap_map, history_size=5, tol=1e-12, maxiter=500).run(x0, a))(args)
-    ours = jax.jit(lambda a: S.fixed_point(tap_map, x0, a, tol=1e-12, max_steps=500))(args)
-    wrapped = jax.jit(lambda a: S.fixed_point(tap_map, x0, a, solver=S.JaxoptAnderson(),
-                                              tol=1e-12, max_steps=500, norm="l2"))(args)
+    ours = jax.jit(lambda a: S.fixed_point(tap_map, x0, a,
+                                           solver=S.Anderson(tol=1e-12, max_steps=500)))(args)
+    jx = S.JaxoptAnderson(tol=1e-12, max_steps=500, norm=S.l2_norm)
+    wrapped = jax.jit(lambda a: S.fixed_point(tap_map, x0, a, solver=jx))(args)
     np.testing.assert_allclose(ours.value, ref.params, atol=1e-10)
     # The wrapper runs jaxopt's own updates: same iterates, same number of steps.
     np.testing.assert_allclose(wrapped.value, ref.params, atol=1e-14)
     assert int(wrapped.num_steps) == int(ref.state.iter_num)
 
     def loss_ours(h):
-        return jnp.sum(jnp.cos(S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9), tol=1e-12,
-                                             max_steps=500, adjoint=S.Implicit(tol=1e-11)).value))
+        sol = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
+                            solver=S.Anderson(tol=1e-12, max_steps=500),
+                            adjoint=S.Implicit(tol=1e-11))
+        return jnp.sum(jnp.cos(sol.value))
 
     def loss_jaxopt(h):
         solver = jaxopt.AndersonAcceleration(tap_map, history_size=5, tol=1e-12, maxiter=500)
@@ -435,7 +457,8 @@ def test_jacobian_penalty_estimates_frobenius_norm(getkey, x64):
 def test_forward_failure_is_not_lost_under_jit_grad(adjoint):
     # Only the gradient is used, so a check on the forward value alone would be dead code.
     grad = jax.jit(jax.grad(lambda a: S.fixed_point(lambda x, a: x + a, jnp.zeros(2), a,
-                                                    adjoint=adjoint, max_steps=5).value.sum()))
+                                                    adjoint=adjoint,
+                                                    solver=S.Anderson(max_steps=5)).value.sum()))
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(grad(jnp.ones(2)))
 
@@ -456,5 +479,162 @@ def test_spectral_radius_tells_stable_from_unstable_fixed_points(getkey, x64):
     # The mean-field Ising map m = tanh(β J m) at β J = 2 has an unstable fixed point at 0.
     mf = lambda m, _: jnp.tanh(2.0 * jnp.mean(m) * jnp.ones(3))
     assert float(S.spectral_radius(mf, jnp.zeros(3), None, key=getkey())) > 1.9
-    m_star = S.fixed_point(mf, jnp.full(3, 0.5), None, solver=S.Picard(), tol=1e-12).value
+    m_star = S.fixed_point(mf, jnp.full(3, 0.5), None, solver=S.Picard(tol=1e-12)).value
     assert float(S.spectral_radius(mf, m_star, None, key=getkey())) < 1.0
+
+
+# ----------------------------------------------------------------------------- the typed API
+
+
+@pytest.mark.parametrize("adjoint", [S.Implicit(), S.Unrolled(), S.Phantom(steps=30, damping=0.0),
+                                     S.OneStep()], ids=ids)
+def test_python_scalar_args_are_differentiable(adjoint):
+    # `args` may hold Python floats: differentiating turns them into tracers, which the
+    # closure-converted map must accept (it used to raise "different dynamic arguments").
+    fn = lambda x, a: jnp.tanh(0.5 * x + a)
+    solve = lambda a: S.fixed_point(fn, jnp.zeros(3), a, adjoint=adjoint).value.sum()
+    g = jax.grad(solve)(1.0)
+    m = float(S.fixed_point(fn, jnp.zeros(3), 1.0).value[0])
+    exact = 3 * (1 - m**2) / (1 - 0.5 * (1 - m**2))  # implicit function theorem, per entry
+    tol = 0.15 if isinstance(adjoint, S.OneStep) else 1e-4
+    np.testing.assert_allclose(g, exact, rtol=tol)
+    if not isinstance(adjoint, (S.Implicit, S.Unrolled)):  # forward mode, without throw
+        jf = jax.jacfwd(lambda a: S.fixed_point(fn, jnp.zeros(3), a, adjoint=adjoint,
+                                                throw=False).value.sum())(1.0)
+        np.testing.assert_allclose(jf, g, rtol=1e-5)
+    # a pytree of arrays and scalars, with an int that must stay a Python int (a shape)
+    fn2 = lambda x, a: jnp.tanh(a["w"] * x + jnp.ones(a["n"]))
+    g2 = jax.grad(lambda w: S.fixed_point(fn2, jnp.zeros(3), {"w": w, "n": 3},
+                                          adjoint=adjoint).value.sum())(0.5)
+    assert np.isfinite(g2)
+
+
+def test_unrolled_stops_when_converged():
+    # Under vmap a scan over max_steps would evaluate the map max_steps times; the
+    # checkpointed while loop stops with the slowest example (recomputing some steps).
+    calls = []
+
+    def fn(x, a):
+        jax.debug.callback(lambda: calls.append(1))
+        return 0.5 * jnp.cos(x) + a
+
+    def loss(a):
+        return jax.vmap(lambda ai: S.fixed_point(fn, jnp.zeros(()), ai, adjoint=S.Unrolled(),
+                                                 solver=S.Picard(tol=1e-6, max_steps=2000))
+                        .value)(a).sum()
+
+    a = jnp.array([0.1, 0.3])
+    g = jax.jit(jax.grad(loss))(a)
+    steps = int(jnp.max(jax.vmap(lambda ai: S.fixed_point(
+        fn, jnp.zeros(()), ai, solver=S.Picard(tol=1e-6, max_steps=2000)).num_steps)(a)))
+    calls.clear()
+    g = jax.block_until_ready(jax.jit(jax.grad(loss))(a))
+    # per example: forward steps plus the backward's recomputation, far below max_steps
+    assert steps < 40 and 0 < len(calls) <= 2 * 8 * (steps + 2), (steps, len(calls))
+    x = S.fixed_point(lambda x, a: 0.5 * jnp.cos(x) + a, jnp.zeros(2), a,
+                      solver=S.Picard(tol=1e-7)).value
+    np.testing.assert_allclose(g, 1.0 / (1.0 + 0.5 * jnp.sin(x)), rtol=1e-4)
+
+
+@pytest.mark.parametrize("solver", [S.Picard(max_steps=6), S.Anderson(max_steps=6, safeguard=False),
+                                    S.Broyden(max_steps=6)], ids=ids)
+def test_best_iterate_is_returned_for_every_solver(solver):
+    # x -> 2x + 1 diverges from x0 = 0, so the starting point is the best iterate seen.
+    sol = S.fixed_point(lambda x, _: 2.0 * x + 1.0, jnp.zeros(2), None, solver=solver,
+                        throw=False)
+    assert int(sol.result) == S.RESULTS.max_steps_reached
+    np.testing.assert_allclose(sol.residual, 1.0)
+    np.testing.assert_allclose(sol.value, 0.0)
+    if not isinstance(solver, S.Broyden):  # Broyden solves this linear map exactly
+        assert float(sol.final_residual) > 1.0
+
+
+def test_result_codes_defined_once():
+    codes = [S.RESULTS.successful, S.RESULTS.max_steps_reached, S.RESULTS.nonfinite]
+    assert codes == [0, 1, 2]
+    assert [S.RESULTS.name(c) for c in codes] == ["successful", "max_steps_reached", "nonfinite"]
+    assert S.RESULTS.message(S.RESULTS.successful) == ""
+    assert "max_steps" in S.RESULTS.message(S.RESULTS.max_steps_reached)
+    assert "throw=False" in S.RESULTS.message(S.RESULTS.nonfinite)
+    with pytest.raises(ValueError, match="unknown result code"):
+        S.RESULTS.name(7)
+
+
+def test_root_finders_solve_fixed_points_and_not_the_reverse():
+    fn = lambda x, _: 0.5 * jnp.cos(x)
+    for solver in (S.Newton(tol=1e-6), S.Broyden(tol=1e-6)):
+        assert isinstance(solver, S.AbstractRootFinder)
+        sol = S.fixed_point(fn, jnp.zeros(2), None, solver=solver)
+        np.testing.assert_allclose(sol.value, 0.5 * np.cos(sol.value), atol=1e-6)
+    for solver in (S.Picard(), S.Anderson(), S.JaxoptAnderson()):
+        assert isinstance(solver, S.AbstractFixedPointSolver)
+        with pytest.raises(ValueError, match="Newton"):
+            S.root_find(fn, jnp.zeros(2), solver=solver)
+
+
+def test_norm_is_a_callable_on_the_solver():
+    fn = lambda x, _: 0.5 * x + 1.0
+    x0 = jnp.zeros(4)
+    inf = S.fixed_point(fn, x0, None, solver=S.Picard(tol=1e-3))
+    l2 = S.fixed_point(fn, x0, None, solver=S.Picard(tol=1e-3, norm=S.l2_norm))
+    one = S.fixed_point(fn, x0, None, solver=S.Picard(tol=1e-3, norm=lambda v: jnp.sum(abs(v))))
+    # residual 2^-k in every entry: the l2 norm is twice the ∞-norm, the 1-norm four times
+    assert int(inf.num_steps) < int(l2.num_steps) < int(one.num_steps)
+    np.testing.assert_allclose(one.residual, 4 * float(jnp.max(jnp.abs(fn(one.value, None)
+                                                                        - one.value))), rtol=1e-5)
+
+
+def test_verbose_prints_worst_residual_and_converged_count(capfd):
+    fn = lambda x, a: jnp.tanh(0.5 * x + a)
+    jax.vmap(lambda a: S.fixed_point(fn, jnp.zeros(3), a, verbose=True))(jnp.array([0.1, 3.0]))
+    err = capfd.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("fixed_point: step")]
+    assert lines and "worst residual" in lines[0] and lines[-1].endswith("converged 2/2")
+    S.fixed_point(fn, jnp.zeros(3), 0.1)  # off by default: prints nothing
+    assert "step" not in capfd.readouterr().err
+
+
+def test_eager_calls_do_not_recompile():
+    import jax.monitoring
+
+    events = []
+    listener = lambda name, *a, **k: events.append(name) if "backend_compile" in name else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fn = lambda x, a: jnp.tanh(0.3 * x + a)
+        S.fixed_point(fn, jnp.zeros(5), jnp.ones(5))
+        events.clear()
+        S.fixed_point(fn, jnp.zeros(5), 2.0 * jnp.ones(5))
+        assert events == []
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_backward_solves_are_recorded_per_solve(x64):
+    class Layer(eqx.Module):
+        W: jax.Array
+        adjoint: S.AbstractAdjoint
+
+        def __call__(self, b):
+            fn = lambda x, a: jnp.tanh(self.W @ x + a)
+            return S.fixed_point(fn, jnp.zeros(3), b, adjoint=self.adjoint,
+                                 solver=S.Anderson(tol=1e-10)).value
+
+    W = 0.3 * jnp.asarray(np.random.default_rng(13).normal(size=(3, 3)))
+    B = jnp.ones((4, 3))
+    loss = lambda m: jax.vmap(m)(B).sum()
+    plain = eqx.filter_grad(loss)(Layer(W, S.Implicit(tol=1e-8)))
+    for lin, known in ((S.Anderson(history=5, safeguard=False), True), (S.GMRES(5), False)):
+        layer = Layer(W, S.record_backward(S.Implicit(linear_solver=lin, tol=1e-8)))
+        grads, records = S.backward_stats(eqx.filter_grad(loss)(layer))
+        (rec,) = records
+        assert float(rec[0]) == 4.0  # one backward solve per example
+        if known:
+            assert 4 * 2 <= float(rec[1]) <= 4 * 200
+        else:
+            assert float(rec[1]) == -4.0
+        assert 0.0 <= float(rec[2]) <= 4 * 1e-7
+        np.testing.assert_array_equal(grads.adjoint.probe, 0.0)  # the optimizer sees zeros
+        np.testing.assert_allclose(grads.W, plain.W, rtol=1e-6)
+    # other adjoints have no backward solve and carry no probe
+    assert S.record_backward(S.Unrolled()) == S.Unrolled()

@@ -222,7 +222,9 @@ class BoltzmannAttention(eqx.Module):
         self.J = (ising.symmetrize(init_scale * jax.random.normal(kj, (H, L, L)))
                   if uses_J else None)
         self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if uses_K else None
-        self.solver, self.adjoint, self.throw = solver, adjoint, throw
+        # the adjoint records its backward solves (see solvers.record_backward)
+        self.solver, self.throw = solver, throw
+        self.adjoint = solvers.record_backward(adjoint)
         self.dim, self.num_heads, self.causal, self.max_len = dim, num_heads, causal, max_len
         self.mode, self.inference = mode, inference
         self.num_samples, self.burn_in, self.betas = num_samples, burn_in, betas

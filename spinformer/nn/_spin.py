@@ -184,7 +184,9 @@ class SpinAttention(eqx.Module):
         self.field_mlp = FeedForward(dim, field_ffn, key=kf) if field_ffn > 0 else None
         dh = dim // num_heads
         self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned" else None
-        self.beta, self.solver, self.adjoint, self.throw = beta, solver, adjoint, throw
+        self.beta, self.solver, self.throw = beta, solver, throw
+        # the adjoint records its backward solves (see solvers.record_backward)
+        self.adjoint = solvers.record_backward(adjoint)
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
         self.update, self.mode, self.num_steps, self.init = update, mode, num_steps, init
         self.normalize_fields = normalize_fields

@@ -19,7 +19,9 @@ from ._adjoint import (
     OneStep,
     Phantom,
     Unrolled,
+    backward_stats,
     jacobian_penalty,
+    record_backward,
     spectral_radius,
 )
 from ._fixed_point import fixed_point, root_find
@@ -57,10 +59,12 @@ __all__ = [
     "RESULTS",
     "Solution",
     "Unrolled",
+    "backward_stats",
     "fixed_point",
     "jacobian_penalty",
     "l2_norm",
     "max_norm",
+    "record_backward",
     "root_find",
     "spectral_radius",
 ]

@@ -8,12 +8,13 @@ output is connected to the inputs for reverse-mode differentiation.
 from __future__ import annotations
 
 import abc
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float
 
 from ._linear import AbstractLinearSolver, linear_solve
 from ._solvers import (
@@ -77,6 +78,14 @@ class Implicit(AbstractAdjoint):
     A backward solve that misses its tolerance (checked on the true residual, after the
     solve) raises when the forward call had `throw=True`, and otherwise makes the gradients
     NaN. It never returns silent zeros.
+
+    The backward solves can be observed: `record_backward(Implicit(...))` gives the adjoint a
+    zero `probe` array, and the gradient of a loss with respect to that probe is the sum,
+    over every backward solve the loss went through, of `(1, matrix–vector products,
+    relative residual ‖Aw − b‖/‖b‖)` (products are −1 per solve for `GMRES`/`BiCGStab`,
+    which do not report them). Inside a model the probe is a leaf like any parameter, so
+    stacked layers give per-layer sums and vmapped batches are summed; `backward_stats`
+    reads them out of a gradient and zeroes them before an optimizer sees them.
     """
 
     linear_solver: Union[AbstractLinearSolver, AbstractFixedPointSolver] = Anderson(
@@ -84,6 +93,7 @@ class Implicit(AbstractAdjoint):
     )
     tol: float = 1e-5
     max_steps: int = eqx.field(default=200, static=True)
+    probe: Optional[Float[Array, "3"]] = None
 
     def __check_init__(self):
         if not isinstance(self.linear_solver, (AbstractLinearSolver, AbstractFixedPointSolver)):
@@ -99,7 +109,7 @@ class Implicit(AbstractAdjoint):
 
     def attach(self, prob, args, run_loop, throw):
         value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
-        value = _implicit_identity((prob, args), value, self, throw)
+        value = _implicit_identity((prob, args, self.probe), value, _stop(self), throw)
         return value, stats
 
     def solve_transpose(self, prob, vjp_x, b):
@@ -111,6 +121,38 @@ class Implicit(AbstractAdjoint):
             matvec = vjp_x
         return linear_solve(self.linear_solver, matvec, b, tol=self.tol,
                             max_steps=self.max_steps)
+
+
+def record_backward(adjoint: AbstractAdjoint) -> AbstractAdjoint:
+    """`adjoint` with a zero `probe` that records its backward solves (see `Implicit`); other
+    adjoints have no backward solve and are returned unchanged."""
+    if isinstance(adjoint, Implicit) and adjoint.probe is None:
+        return eqx.tree_at(lambda a: a.probe, adjoint, jnp.zeros(3, jnp.float32),
+                           is_leaf=lambda x: x is None)
+    return adjoint
+
+
+def backward_stats(grads):
+    """Split the backward-solve records out of a gradient.
+
+    **Arguments:** `grads`, a gradient pytree of a model whose adjoints were made by
+    `record_backward` (e.g. from `eqx.filter_grad`).
+
+    **Returns:** `(grads, records)`: the gradient with every probe cotangent set to zero (so
+    the optimizer and gradient clipping never see it), and the list of the probes'
+    cotangents in tree order, each `(..., 3)` = (solves, products, relative residual) summed
+    over the solves (a leading layer axis when the layers are stacked).
+    """
+    records = []
+
+    def take(x):
+        if isinstance(x, Implicit) and x.probe is not None:
+            records.append(x.probe)
+            return eqx.tree_at(lambda a: a.probe, x, jnp.zeros_like(x.probe))
+        return x
+
+    grads = jax.tree.map(take, grads, is_leaf=lambda x: isinstance(x, Implicit))
+    return grads, records
 
 
 _BACKWARD_MSG = (
@@ -137,9 +179,9 @@ def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw):
 @_implicit_identity.def_bwd
 def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw):
     del residuals
-    prob, args = vjp_arg
+    prob = vjp_arg[0]
     # Only the leaves being differentiated get a cotangent (skips, e.g., a fixed J).
-    diff, static = eqx.partition(vjp_arg, perturbed)
+    diff, static = eqx.partition(vjp_arg[:2], perturbed[:2])
 
     def fn_of(d, x):
         p, a = eqx.combine(d, static)
@@ -147,14 +189,18 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
 
     _, vjp_x = jax.vjp(lambda x: fn_of(diff, x), value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
-    w, ok = adjoint.solve_transpose(prob, lambda v: vjp_x(v)[0], b)
+    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp_x(v)[0], b)
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
         w = jnp.where(ok, w, jnp.nan)
     _, vjp_d = jax.vjp(lambda d: fn_of(d, value), diff)
     (g_diff,) = vjp_d(w)
-    return g_diff
+    record = None
+    if perturbed[2]:  # the probe: (1 solve, its products, its relative residual)
+        dt = vjp_arg[2].dtype
+        record = jnp.stack([jnp.ones((), dt), steps.astype(dt), rel.astype(dt)])
+    return (*g_diff, record)
 
 
 class Phantom(AbstractAdjoint):

@@ -57,7 +57,7 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, accepted):
                 "Convert the initial guess with jnp.asarray(x0, jnp.float32)."
             )
     try:
-        out = jax.eval_shape(fn, x0, args)
+        out = eqx.filter_eval_shape(fn, x0, args)
     except Exception as e:  # shape errors inside fn: say where they came from
         raise ValueError(f"{name}: calling fn(x0, args) failed: {e}") from e
     in_struct = jax.tree.structure(x0)

@@ -58,7 +58,7 @@ class BiCGStab(AbstractLinearSolver):
 
 
 def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
-    """Solve A w = b with a fixed-point solver on the Richardson map w ↦ w + (b − A w),
+    """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map w ↦ w + (b − A w),
     whose fixed-point residual is the linear residual b − A w.
 
     `Picard()` gives the Neumann series (needs a contractive I − A); `Anderson()` a
@@ -79,17 +79,24 @@ def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_st
         state, k = c
         return best.step(prob, state, None), k + 1
 
-    state, _ = jax.lax.while_loop(cond, body, (best.init(prob, b, None), 0))
-    return best.best(state)[0]
+    state, k = jax.lax.while_loop(cond, body, (best.init(prob, b, None), 0))
+    return best.best(state)[0], k
 
 
 def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
-    """Dispatch to a linear solver or a fixed-point solver; returns `(w, ok)` where `ok`
-    checks the true residual ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and finiteness after the solve."""
+    """Dispatch to a linear solver or a fixed-point solver.
+
+    **Returns:** `(w, ok, steps, rel)`: the solution; whether the true residual satisfies
+    ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
+    solver does not report them: `GMRES`, `BiCGStab`); and ‖A w − b‖₂/‖b‖₂."""
     if isinstance(linear_solver, AbstractFixedPointSolver):
-        w = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
+        w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
+        steps = steps + 1  # the first residual costs a product as well
     else:
         w = linear_solver.solve(matvec, b, tol=tol, max_steps=max_steps)
+        steps = -1
     resid = l2_norm(matvec(w) - b)
-    ok = resid <= 10.0 * tol * l2_norm(b) + jnp.finfo(b.dtype).tiny
-    return w, ok & jnp.all(jnp.isfinite(w))
+    bnorm = l2_norm(b)
+    ok = resid <= 10.0 * tol * bnorm + jnp.finfo(b.dtype).tiny
+    rel = resid / jnp.where(bnorm > 0, bnorm, 1.0)
+    return w, ok & jnp.all(jnp.isfinite(w)), jnp.asarray(steps, jnp.int32), rel

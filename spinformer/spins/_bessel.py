@@ -124,8 +124,6 @@ def inverse_ratio(nu, t):
     c = t * t * ((nu + 0.5) ** 2 - (nu + 1.0) ** 2)
     x0 = (b + jnp.sqrt(b * b - a * c)) / a
 
-    top = 1.0 - jnp.finfo(t.dtype).eps
-
     def newton(u, t):
         x = jnp.exp(u)
         r, q, s = ratio(nu, x)

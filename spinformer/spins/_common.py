@@ -3,11 +3,23 @@ coupling symmetrisation, size limits, matmul precision, and the solve with spin 
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 from .. import solvers
+
+# Shapes of the spin functions' arguments (one system per call).
+Scalar = Union[float, Float[ArrayLike, ""]]
+Vector = Float[ArrayLike, " n"]  # fields or magnetizations of n binary spins
+Matrix = Float[ArrayLike, "n n"]  # couplings
+Tensor3 = Optional[Float[ArrayLike, "n n n"]]  # optional three-body couplings
+Spins = Float[ArrayLike, "n D"]  # n vector spins of dimension D
+Solver = Optional[solvers.AbstractSolver]
+Adjoint = Optional[solvers.AbstractAdjoint]
 
 # Size limits of the exact methods (one place; `nn` reads them from here).
 MAX_ENUMERATION = 30  # ising.exact_marginals and friends: 2^n configurations, chunked
@@ -83,13 +95,20 @@ def as_float(*arrays):
     return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
 
 
+# The spin functions' default adjoint: GMRES with 5-vector Krylov cycles. Spin fixed points
+# away from criticality are well conditioned, so a cycle or two solves the adjoint system to
+# round-off, where the Anderson-on-Richardson default of `solvers.Implicit()` stops at its
+# relative tolerance (1e-5, i.e. gradients within ~1e-5..1e-4 relative).
+DEFAULT_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5))
+
+
 def solve(fn, x0, args, *, solver, adjoint, throw, default_solver=solvers.Anderson()):
     """`solvers.fixed_point` with the spin defaults: `default_solver` when `solver` is None
-    and `solvers.Implicit()` when `adjoint` is None. Returns the `Solution`."""
+    and `DEFAULT_ADJOINT` when `adjoint` is None. Returns the `Solution`."""
     return solvers.fixed_point(
         fn, x0, args,
         solver=default_solver if solver is None else solver,
-        adjoint=solvers.Implicit() if adjoint is None else adjoint,
+        adjoint=DEFAULT_ADJOINT if adjoint is None else adjoint,
         throw=throw,
     )
 

@@ -30,10 +30,15 @@ from .. import solvers
 from ._common import MAX_BOLTZMANN_T as MAX_BOLTZMANN_T
 from ._common import MAX_ENUMERATION as MAX_ENUMERATION
 from ._common import (
+    Adjoint,
+    Matrix,
+    Scalar,
+    Solver,
+    Tensor3,
+    Vector,
     as_float,
     bits,
     check_damping,
-    check_square,
     check_vector,
     solve,
     sym3,
@@ -68,11 +73,7 @@ def symmetrize(J: Float[ArrayLike, "... n n"]) -> Float[Array, "... n n"]:
 
 def mean_field_update(
     m: Float[ArrayLike, " n"],
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
 ) -> Float[Array, " n"]:
     """One naive mean-field update, m ↦ tanh(β(h + J m [+ ½ Ks:mm])).
 
@@ -98,11 +99,7 @@ def mean_field_update(
 
 
 def tap_update(
-    m: Float[ArrayLike, " n"],
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
+    m: Vector, h: Vector, J: Matrix, *, beta: Scalar = 1.0
 ) -> Float[Array, " n"]:
     """One TAP update with the Onsager reaction term,
 
@@ -148,15 +145,15 @@ def _solve_mf(name, tap_, h, J, K, beta, damping, solver, adjoint, m0, throw):
 
 
 def mean_field(
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
+    h: Vector,
+    J: Matrix,
     *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    beta: Scalar = 1.0,
+    K: Tensor3 = None,
     damping: float = 0.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    m0: Float[ArrayLike, " n"] | None = None,
+    solver: Solver = None,
+    adjoint: Adjoint = None,
+    m0: Vector | None = None,
     throw: bool = True,
 ) -> solvers.Solution:
     """Naive mean-field magnetizations, the fixed point of `mean_field_update`.
@@ -169,7 +166,7 @@ def mean_field(
       points, more stable at strong coupling).
     - `solver`: a `spinformer.solvers` solver with its stopping rule; `None` means
       `Anderson()` (tol 1e-5, at most 100 steps).
-    - `adjoint`: how gradients flow; `None` means `solvers.Implicit()`.
+    - `adjoint`: how gradients flow; `None` means `Implicit(linear_solver=GMRES(restart=5))`.
     - `m0`: initial guess, default tanh(βh) (the J = 0 solution).
     - `throw`: as `solvers.fixed_point`.
 
@@ -179,15 +176,8 @@ def mean_field(
 
 
 def tap(
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    damping: float = 0.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    m0: Float[ArrayLike, " n"] | None = None,
-    throw: bool = True,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, damping: float = 0.0, solver: Solver = None,
+    adjoint: Adjoint = None, m0: Vector | None = None, throw: bool = True,
 ) -> solvers.Solution:
     """TAP magnetizations, the fixed point of `tap_update` (pairwise couplings only).
 
@@ -255,11 +245,7 @@ def _moments(name, h, J, K, beta, want_corr):
 
 
 def exact_marginals(
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
 ) -> Float[Array, " n"]:
     """Exact magnetizations ⟨s_i⟩ by enumerating all 2^n configurations.
 
@@ -275,11 +261,7 @@ def exact_marginals(
 
 
 def log_partition(
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
 ) -> Float[Array, ""]:
     """log Z = log Σ_s exp(−βE(s)), by chunked enumeration (arguments as `exact_marginals`).
 
@@ -289,11 +271,7 @@ def log_partition(
 
 
 def connected_correlations(
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
 ) -> Float[Array, "n n"]:
     """Exact connected correlations C_jk = ⟨s_j s_k⟩ − ⟨s_j⟩⟨s_k⟩ by enumeration.
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
-from ._common import as_float, check_square, check_vector, solve
+from ._common import Adjoint, Matrix, Scalar, Solver, Vector, as_float, check_square, check_vector, solve
 
 __all__ = ["mean_field_step", "tap_step", "correlations", "entropy_production", "simulate"]
 
@@ -36,11 +36,7 @@ def _check(name, m_prev, x, J):
 
 
 def mean_field_step(
-    m_prev: Float[ArrayLike, " n"],
-    x: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
+    m_prev: Vector, x: Vector, J: Matrix, *, beta: Scalar = 1.0
 ) -> Float[Array, " n"]:
     """One naive (first-order) mean-field time step, m_t = tanh(β(x + J m_{t−1})).
 
@@ -67,14 +63,8 @@ def _tap_map(m, args):
 
 
 def tap_step(
-    m_prev: Float[ArrayLike, " n"],
-    x: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    throw: bool = True,
+    m_prev: Vector, x: Vector, J: Matrix, *, beta: Scalar = 1.0, solver: Solver = None,
+    adjoint: Adjoint = None, throw: bool = True,
 ) -> solvers.Solution:
     """One TAP time step: solves, for m = m_t,
 
@@ -85,7 +75,7 @@ def tap_step(
     m_i).
 
     **Arguments:** as `mean_field_step`, plus `solver` (`None` means
-    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means `solvers.Implicit()`) and `throw`,
+    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`) and `throw`,
     as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution` whose `value` holds the magnetizations at t, `(n,)`.

@@ -31,11 +31,14 @@ from jaxtyping import Array, ArrayLike, Complex, Float, PRNGKeyArray
 
 from ._common import MAX_DQA as MAX_DQA
 from ._common import (
+    Matrix,
+    Scalar,
+    Tensor3,
+    Vector,
     HIGHEST,
     as_float,
     bits,
     check_hJK,
-    check_square,
     check_vector,
     sym3,
     sym_offdiag,
@@ -445,11 +448,7 @@ def straight_through(
 
 def straight_through_mean_field(
     estimate: Float[ArrayLike, " n"],
-    h: Float[ArrayLike, " n"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    K: Float[ArrayLike, "n n n"] | None = None,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
 ) -> Float[Array, " n"]:
     """Sampled magnetizations with mean-field gradients: the value of `estimate` (e.g. a
     sample mean m̂), the derivatives of one mean-field step taken at it,

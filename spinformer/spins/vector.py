@@ -26,6 +26,7 @@ for the closed form. `tap_ness` solves the steady state m = m_t = m_{t−1} dire
 
 from __future__ import annotations
 
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
@@ -33,7 +34,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .. import solvers
 from ._bessel import inverse_ratio, ratio, ratio_and_over_x, ratio_derivatives
 from ._bessel import bessel_ratio as bessel_ratio
-from ._common import as_float, check_square, solve
+from ._common import Adjoint, Matrix, Scalar, Solver, Spins, as_float, check_square, solve
 
 __all__ = [
     "bessel_ratio",
@@ -74,11 +75,7 @@ def _check_dim(name, a, what):
 
 
 def magnetization(
-    theta: Float[ArrayLike, "... D"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
-    large_d: bool = True,
+    theta: Float[ArrayLike, "... D"], *, beta: Scalar = 1.0, R: Scalar = 1.0, large_d: bool = True
 ) -> Float[Array, "... D"]:
     """Mean φ(θ) of a vector spin on the sphere of radius R in the field θ (Bal 2023).
 
@@ -106,11 +103,7 @@ def magnetization(
 
 
 def inverse_magnetization(
-    m: Float[ArrayLike, "... D"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
-    large_d: bool = True,
+    m: Float[ArrayLike, "... D"], *, beta: Scalar = 1.0, R: Scalar = 1.0, large_d: bool = True
 ) -> Float[Array, "... D"]:
     """The field θ whose magnetization is m, the inverse of `magnetization`.
 
@@ -291,15 +284,8 @@ def ness_update(
 
 
 def tap_step(
-    m_prev: Float[ArrayLike, "n D"],
-    x: Float[ArrayLike, "n D"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    throw: bool = True,
+    m_prev: Spins, x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
+    solver: Solver = None, adjoint: Adjoint = None, throw: bool = True,
 ) -> solvers.Solution:
     """One second-order (TAP) mean-field step for large-D vector spins (Bal 2023).
 
@@ -315,7 +301,7 @@ def tap_step(
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
     R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`: tol 1e-5 in the ∞-norm),
-    `adjoint` (`None` means `solvers.Implicit()`), `throw` as `solvers.fixed_point`.
+    `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`), `throw` as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution`; its `value` holds the magnetizations at t, `(n, D)`.
     """
@@ -340,15 +326,8 @@ def _ness(name, ness_map, x, J, beta, R, solver, adjoint, throw, m0):
 
 
 def tap_ness(
-    x: Float[ArrayLike, "n D"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    throw: bool = True,
-    m0: Float[ArrayLike, "n D"] | None = None,
+    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0, solver: Solver = None,
+    adjoint: Adjoint = None, throw: bool = True, m0: Spins | None = None,
 ) -> solvers.Solution:
     """Non-equilibrium steady state of the second-order dynamics, solved as a fixed point.
 
@@ -361,7 +340,7 @@ def tap_ness(
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
     - `solver`: `None` means `solvers.Anderson(tol=1e-3)` (∞-norm residual; pass e.g.
       `Anderson(tol=1e-6, norm=solvers.l2_norm)` for another rule); `adjoint`: `None` means
-      `solvers.Implicit()`; `throw` as `solvers.fixed_point`.
+      `Implicit(linear_solver=GMRES(restart=5))`; `throw` as `solvers.fixed_point`.
     - `m0`: initial guess, default the decoupled response φ(x).
 
     **Returns:** a `solvers.Solution`; its `value` holds the steady state `(n, D)`.
@@ -370,15 +349,8 @@ def tap_ness(
 
 
 def mean_field_ness(
-    x: Float[ArrayLike, "n D"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
-    solver: solvers.AbstractSolver | None = None,
-    adjoint: solvers.AbstractAdjoint | None = None,
-    throw: bool = True,
-    m0: Float[ArrayLike, "n D"] | None = None,
+    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0, solver: Solver = None,
+    adjoint: Adjoint = None, throw: bool = True, m0: Spins | None = None,
 ) -> solvers.Solution:
     """Steady state of the first-order dynamics, m = φ(x + J m), solved as a fixed point.
 
