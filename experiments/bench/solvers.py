@@ -66,11 +66,11 @@ def jaxopt_solver(fn, tol, maxiter, solve=None):
 
 def forward_solvers(tol, maxiter):
     """name -> solve(fn, x0, args) returning (value, function evaluations, l2 residual)."""
+    rule = dict(tol=tol, max_steps=maxiter, norm=S.l2_norm)
 
     def ours(solver):
         def solve(fn, x0, args):
-            sol = S.fixed_point(fn, x0, args, solver=solver, tol=tol, max_steps=maxiter,
-                                norm="l2", throw=False)
+            sol = S.fixed_point(fn, x0, args, solver=solver, throw=False)
             return sol.value, sol.num_steps + 1, sol.residual
 
         return solve
@@ -80,9 +80,9 @@ def forward_solvers(tol, maxiter):
         return p, st.num_fun_eval, st.error
 
     return {
-        "picard": ours(S.Picard()),
-        "picard(damping=0.5)": ours(S.Picard(damping=0.5)),
-        "anderson (ours)": ours(S.Anderson()),
+        "picard": ours(S.Picard(**rule)),
+        "picard(damping=0.5)": ours(S.Picard(damping=0.5, **rule)),
+        "anderson (ours)": ours(S.Anderson(**rule)),
         "anderson (jaxopt)": theirs,
     }
 
@@ -157,12 +157,13 @@ def section_backward(quick):
     w = jnp.asarray(np.random.default_rng(1).normal(size=512), jnp.float32)
     x0 = jnp.zeros_like(h)
 
+    solver = S.Anderson(tol=tol, max_steps=maxiter, norm=S.l2_norm)
+
     def ours(linear_solver):
-        adjoint = S.Implicit(linear_solver=linear_solver, restart=5 if linear_solver == "anderson" else 20)
+        adjoint = S.Implicit(linear_solver=linear_solver)
 
         def loss(h, J):
-            m = S.fixed_point(tap_map, x0, (h, J), tol=tol, max_steps=maxiter, norm="l2",
-                              adjoint=adjoint).value
+            m = S.fixed_point(tap_map, x0, (h, J), solver=solver, adjoint=adjoint).value
             return jnp.sum(w * m)
 
         return loss
@@ -174,8 +175,8 @@ def section_backward(quick):
         return loss
 
     losses = {
-        "ours (Implicit gmres)": ours("gmres"),
-        "ours (Implicit anderson)": ours("anderson"),
+        "ours (Implicit gmres)": ours(S.GMRES(restart=20)),
+        "ours (Implicit anderson)": ours(S.Anderson(history=5, safeguard=False)),
         "jaxopt (default normal-CG)": theirs(None),
         "jaxopt (gmres)": theirs(jaxopt.linear_solve.solve_gmres),
     }
@@ -208,8 +209,9 @@ def section_memory(quick):
         def loss(H, Jb):
             def one(h, J):
                 # tol=0 forces exactly k iterations.
-                return S.fixed_point(tap_map, jnp.zeros(n), (h, J), adjoint=adjoint, tol=0.0,
-                                     max_steps=k, throw=False).value
+                return S.fixed_point(tap_map, jnp.zeros(n), (h, J),
+                                     solver=S.Anderson(tol=0.0, max_steps=k), adjoint=adjoint,
+                                     throw=False).value
 
             return jnp.sum(jax.vmap(one)(H, Jb) ** 2)
 

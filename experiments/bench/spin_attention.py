@@ -60,9 +60,10 @@ class SeedSpinAttention(eqx.Module):
 
 
 ADJOINTS = {
-    "GMRES(restart=5)": solvers.Implicit(tol=1e-3, restart=5),
-    "Anderson(history=3)": solvers.Implicit(linear_solver="anderson", tol=1e-3, restart=3),
-    "Picard (Neumann)": solvers.Implicit(linear_solver="picard", tol=1e-3),
+    "GMRES(restart=5)": solvers.Implicit(solvers.GMRES(restart=5), tol=1e-3),
+    "Anderson(history=3)": solvers.Implicit(solvers.Anderson(history=3, safeguard=False),
+                                            tol=1e-3),
+    "Picard (Neumann)": solvers.Implicit(solvers.Picard(), tol=1e-3),
 }
 
 
@@ -73,8 +74,8 @@ def bench_attention(batch, n, dim, heads, repeats):
 
     def make(adjoint):
         return nn.SpinAttention(dim, heads, causal=True, update="tap", mode="fixed_point",
-                                solver=solvers.Anderson(), adjoint=adjoint, tol=1e-3,
-                                max_steps=100, key=km)
+                                solver=solvers.Anderson(tol=1e-3, max_steps=100),
+                                adjoint=adjoint, key=km)
 
     seed = SeedSpinAttention(make(solvers.Implicit()))
 
@@ -114,7 +115,8 @@ def _lm(depth, dim, heads, n, attention, key):
     kw = {}
     if attention == "spin":
         kw = dict(update="tap", mode="fixed_point",
-                  adjoint=solvers.Implicit(tol=1e-3, restart=5), tol=1e-3, max_steps=30)
+                  solver=solvers.Anderson(tol=1e-3, max_steps=30),
+                  adjoint=solvers.Implicit(solvers.GMRES(restart=5), tol=1e-3))
     return nn.CausalLM(256, dim, depth, num_heads=heads, max_len=n, attention=attention,
                        attention_kwargs=kw, ffn_hidden=4 * dim, key=key)
 

@@ -63,9 +63,10 @@ def main(argv=None):
 
     def ours(x1, J1):
         return vector.tap_ness(
-            x1, J1, beta=beta, R=R, tol=a.tol, max_steps=a.max_steps, norm="l2",
-            solver=solvers.Anderson(history=5),
-        )
+            x1, J1, beta=beta, R=R,
+            solver=solvers.Anderson(history=5, tol=a.tol, max_steps=a.max_steps,
+                                    norm=solvers.l2_norm),
+        ).value
 
     def reference(x1, J1):
         m0 = vector.magnetization(x1, beta=beta, R=R)
