@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spinformer import config as C
-from spinformer import data, nn, train
+from spinformer import data, nn, solvers, train
 
 
 def _tiny_cfg(**over):
@@ -95,6 +95,17 @@ def test_solver_statistics_per_layer(tmp_path):
         layers = (r["solver_steps/0"] + r["solver_steps/1"]) / 2
         assert abs(layers - r["solver_steps"]) < 1e-4 * r["solver_steps"]
     assert set(s["metrics"]) >= per_layer
+    # the backward solves (recorded on the adjoint's probe) are logged, and kept out of the
+    # update: the probe's cotangent never reaches the optimizer
+    train_recs = [r for r in records if r["split"] == "train"]
+    assert all({"backward_steps/0", "backward_steps/1"} <= set(r) for r in train_recs)
+    ds = train.build_dataset(cfg)
+    like = train.build_model(cfg, ds, key=jax.random.key(0))
+    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
+    _, trained, _, _ = train.load_latest(tmp_path, like)
+    is_implicit = lambda x: isinstance(x, solvers.Implicit)  # noqa: E731
+    probes = [x.probe for x in jax.tree.leaves(trained, is_leaf=is_implicit) if is_implicit(x)]
+    assert probes and all(not np.any(np.asarray(p)) for p in probes)
     assert (tmp_path / "solver_steps.png").exists()
     table = train.report([tmp_path])
     assert f"({s['metrics']['solver_steps/0']:.1f} / {s['metrics']['solver_steps/1']:.1f})" in table

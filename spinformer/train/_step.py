@@ -76,8 +76,32 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
     return loss, metrics
 
 
+def _backward_metrics(records: list[Array]) -> dict[str, Array]:
+    """Backward-solve statistics from `solvers.backward_stats` records (each `(..., 3)`:
+    solves, matrix–vector products, relative residuals, summed): `backward_steps` (products
+    per solve; −1 for linear solvers that do not count them, GMRES and BiCGStab) and
+    `backward_residual` (mean relative residual) overall, and per layer (`backward_steps/0`,
+    ...) when the records have a leading layer axis."""
+    if not records:
+        return {}
+
+    def means(r):
+        solves = jnp.maximum(r[..., 0], 1.0)
+        return r[..., 1] / solves, r[..., 2] / solves
+
+    total = sum(r.reshape(-1, 3).sum(0) for r in records)
+    out = dict(zip(("backward_steps", "backward_residual"), means(total)))
+    if all(r.shape == records[0].shape for r in records) and records[0].ndim == 2:
+        steps, _ = means(sum(records))
+        out.update({f"backward_steps/{i}": steps[i] for i in range(steps.shape[0])})
+    return out
+
+
 def _step(model, opt_state, batch, key=None, *, optimizer):
     (loss, metrics), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, batch, key)
+    # the backward-solve records ride on probe cotangents: log them, keep them from the update
+    grads, records = solvers.backward_stats(grads)
+    metrics.update(_backward_metrics(records))
     params = eqx.filter(model, eqx.is_inexact_array)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     model = eqx.apply_updates(model, updates)
@@ -104,8 +128,10 @@ def make_step(
     - `optimizer`: an optax optimizer; a static argument, so each optimizer object compiles
       the step once. A loop should use `jit_step(optimizer)` instead.
 
-    **Returns:** the updated model and optimizer state, and `metrics` (`loss_fn`'s and
-    `grad_norm`), which stay on the device until the caller reads them.
+    **Returns:** the updated model and optimizer state, and `metrics` (`loss_fn`'s,
+    `grad_norm`, and for models with recorded implicit adjoints (`solvers.record_backward`)
+    `backward_steps`, `backward_residual`, `backward_steps/0`, ...), which stay on the device
+    until the caller reads them.
     """
     return _step(model, opt_state, batch, key, optimizer=optimizer)
 
