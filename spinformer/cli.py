@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config value, e.g. --set train.steps=200 (repeatable)")
     r.add_argument("--resume", action="store_true",
                    help="continue from the newest intact checkpoint in the run directory")
-    r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress output on stderr (a bar on a terminal, otherwise a line "
+                   "every 30 s)")
     r.set_defaults(fn=_cmd_run)
 
     ls = sub.add_parser("list", help="list the shipped configs with their descriptions")
