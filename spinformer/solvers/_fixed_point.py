@@ -90,7 +90,8 @@ def _print_progress(name, step, rnorm, done):
 
 
 def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
-    """Returns run_loop(prob, args, differentiable, x0) -> (x, (num_steps, residual, result)).
+    """Returns run_loop(prob, args, differentiable, x0) -> (x, stats) with stats
+    `(num_steps, residual at x, residual at the last iterate, result)`.
 
     With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
     `_checked_gradient` repeats it in the backward pass.
@@ -109,8 +110,8 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
             state = best.step(prob, state, args)
             k = k + 1
             if verbose:
-                done, _ = best.terminate(state)
                 _, rn, _ = best.best(state)
+                done = rn <= solver.tol
                 # pure_callback with expand_dims sees every example of a vmapped solve at once;
                 # its (zero) output feeds the counter so the call is not dropped as dead code.
                 k = k + jax.pure_callback(

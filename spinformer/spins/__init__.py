@@ -1,16 +1,21 @@
 """The physics: spin systems as pure functions. No parameters, no training.
 
 Every function handles one system (one set of fields and couplings); callers `vmap` over
-batches. Three families live here:
+batches. Four families live here:
 
-- `ising`: binary spins in equilibrium (naive mean field, TAP, exact enumeration);
-- `kinetic`: the asymmetric kinetic Ising model (Plefka[t-1,t] naive and TAP dynamics,
+- `ising`: binary spins in equilibrium (first-order mean field, TAP, exact enumeration, and
+  `boltzmann_marginals`: exact Boltzmann-attention marginals for many queries sharing one
+  coupling matrix);
+- `kinetic`: the asymmetric kinetic Ising model (Plefka[t-1,t] mean-field and TAP dynamics,
   correlations, entropy production);
 - `vector`: D-dimensional spins on spheres of radius R (Bessel-ratio magnetizations, their
-  large-D limit, naive and second-order TAP dynamics and the steady state);
-- `samplers`: Gibbs, parallel tempering and simulated diabatic quantum annealing, and a
-  straight-through estimator; `ising.boltzmann_marginals` gives exact Boltzmann-attention
-  marginals for many queries sharing one coupling matrix.
+  large-D limit, mean-field and second-order TAP dynamics and their steady states);
+- `samplers`: Gibbs, parallel tempering and simulated diabatic quantum annealing, and
+  straight-through estimators that carry mean-field gradients through sampled means.
+
+Iterative solutions (`ising.mean_field`, `ising.tap`, `kinetic.tap_step`, `vector.tap_step`,
+`vector.tap_ness`, `vector.mean_field_ness`) return a `spinformer.solvers.Solution` and take
+`solver=`, `adjoint=`, `throw=` (the solver object carries the tolerance and step budget).
 
 ```python
 from spinformer.spins import ising

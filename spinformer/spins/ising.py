@@ -12,8 +12,8 @@ Mean-field equations (the Onsager term of the SK model is the second-order Plefk
 correction; as written in M. Bal, "Deep Implicit Attention: A Mean-Field Theory Perspective on
 Attention Mechanisms" (2021), mcbal.github.io):
 
-    naive:  m_i = tanh(β(h_i + Σ_j J_ij m_j))
-    TAP:    m_i = tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²))
+    mean field:  m_i = tanh(β(h_i + Σ_j J_ij m_j))
+    TAP:         m_i = tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²))
 
 Exact enumeration (as needed by G. Kim, D. K. Park, "Boltzmann Attention: Learnable Ising
 Couplings for Cooperative Attention", arXiv:2606.12478 (2026)) sums over all 2^n configurations in chunks

@@ -9,8 +9,8 @@ Binary spins s_t ∈ {-1, +1}^n updated in parallel (as in M. Bal, "Spin-Model T
 with J any (generally asymmetric) matrix. Expanding around factorized distributions at times
 t-1 and t (Plefka[t-1,t], Aguilera, Moosavi & Shimazaki 2021) gives
 
-    naive:  m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}))
-    TAP:    m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}) − β² m_{i,t} Σ_j J_ij² (1 − m_{j,t-1}²))
+    mean field:  m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}))
+    TAP:         m_{i,t} = tanh(β(x_i + Σ_j J_ij m_{j,t-1}) − β² m_{i,t} Σ_j J_ij² (1 − m_{j,t-1}²))
 
 and second-order equal-time and delayed correlations (`correlations`). The post writes these
 with β absorbed into x and J; here β is explicit (set `beta=1.0` to use absorbed parameters).

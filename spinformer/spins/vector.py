@@ -17,11 +17,13 @@ response); in the large-D limit it is 1/(1+γ) − φφᵀ/(R²γ) (Bal 2023, Ap
 Dynamics (Bal 2023, Plefka[t−1,t] for vector spins, large-D):
 
     mean field:  m_{i,t} = φ(x_i + Σ_j J_ij m_{j,t−1})
-    TAP:    m_{i,t} = φ(θ_i),  θ_i = x_i + Σ_j J_ij m_{j,t−1} + (1/2β) Var_i⁻¹ [∇²φ(θ_i) : A_i],
-            A_i = Σ_j J_ij² Var_{j,t−1},
+    TAP:         m_{i,t} = φ(θ_i),
+                 θ_i = x_i + Σ_j J_ij m_{j,t−1} + (1/2β) Var_i⁻¹ [∇²φ(θ_i) : A_i],
+                 A_i = Σ_j J_ij² Var_{j,t−1},
 
 a second-order (in the couplings) correction solved self-consistently in m_t; see `tap_step`
-for the closed form. `tap_ness` solves the steady state m = m_t = m_{t−1} directly.
+for the closed form. `tap_ness` and `mean_field_ness` solve the steady states
+m = m_t = m_{t−1} directly.
 """
 
 from __future__ import annotations
