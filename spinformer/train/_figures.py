@@ -27,8 +27,9 @@ def layers_of(records) -> list[int]:
 
 def plot_run(records: list[dict], out_dir) -> list[pathlib.Path]:
     """Write `loss.png` and `accuracy.png` (train and validation vs step) into `out_dir`,
-    and `solver_steps.png` (forward solver steps per layer vs step) for models that solve
-    fixed points."""
+    and `solver_steps.png` (forward solver steps per layer vs step, and the backward solves'
+    matrix-vector products where the linear solver counts them) for models that solve fixed
+    points."""
     return plot_runs({"": records}, out_dir)
 
 
@@ -74,7 +75,13 @@ def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> 
                 xs, ys = _series(records, split, f"solver_steps/{layer}")
                 if xs:
                     ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
-        ax.set_ylabel("forward solver steps")
+            # backward: matrix-vector products per adjoint solve (negative where the linear
+            # solver does not count them, GMRES and BiCGStab: not drawn)
+            xs, ys = _series(records, "train", f"backward_steps/{layer}")
+            pts = [(x, y) for x, y in zip(xs, ys) if y >= 0]
+            if pts:
+                ax.plot(*zip(*pts), "--", color=f"C{layer}", label=f"layer {layer} backward")
+        ax.set_ylabel("solver steps (forward; backward products)")
         if label:
             ax.set_title(label, fontsize="small")
         ax.legend(fontsize="small")
