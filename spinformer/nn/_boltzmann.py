@@ -194,8 +194,8 @@ class BoltzmannAttention(eqx.Module):
             if inference == "exact" and max_len > ising.MAX_BOLTZMANN_T:
                 raise ValueError(
                     f"{name}: exact inference enumerates 2^T configurations and is limited to "
-                    f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use inference='mean_field', "
-                    "'tap', 'gibbs' or 'parallel_tempering'.")
+                    f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use "
+                    "inference='mean_field', 'tap', 'gibbs' or 'parallel_tempering'.")
             if inference == "dqa" and max_len > samplers.MAX_DQA:
                 raise ValueError(
                     f"{name}: simulated DQA holds a 2^T state vector and is limited to "

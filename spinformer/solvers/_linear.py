@@ -58,8 +58,8 @@ class BiCGStab(AbstractLinearSolver):
 
 
 def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
-    """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map w ↦ w + (b − A w),
-    whose fixed-point residual is the linear residual b − A w.
+    """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map
+    w ↦ w + (b − A w), whose fixed-point residual is the linear residual b − A w.
 
     `Picard()` gives the Neumann series (needs a contractive I − A); `Anderson()` a
     restarted-GMRES-like Krylov method with a short, cheap history. The solver's own `tol`,

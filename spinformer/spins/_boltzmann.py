@@ -68,8 +68,8 @@ def _check(name, h, J, K):
     if T > MAX_BOLTZMANN_T:
         raise ValueError(
             f"{name}: exact enumeration over T={T} positions needs 2^{T} configurations per "
-            f"query; it is limited to T <= {MAX_BOLTZMANN_T}. Use ising.mean_field / ising.tap, or a "
-            "sampler from spinformer.spins.samplers (gibbs, parallel_tempering) instead."
+            f"query; it is limited to T <= {MAX_BOLTZMANN_T}. Use ising.mean_field / ising.tap, "
+            "or a sampler from spinformer.spins.samplers (gibbs, parallel_tempering) instead."
         )
     return Q, T
 

@@ -16,8 +16,9 @@ Attention Mechanisms" (2021), mcbal.github.io):
     TAP:         m_i = tanh(β(h_i + Σ_j J_ij m_j) − β² m_i Σ_j J_ij² (1 − m_j²))
 
 Exact enumeration (as needed by G. Kim, D. K. Park, "Boltzmann Attention: Learnable Ising
-Couplings for Cooperative Attention", arXiv:2606.12478 (2026)) sums over all 2^n configurations in chunks
-of partial log-sum-exps, so float32 keeps ~1e-6 accuracy at n = 20 and memory stays small.
+Couplings for Cooperative Attention", arXiv:2606.12478 (2026)) sums over all 2^n
+configurations in chunks of partial log-sum-exps, so float32 keeps ~1e-6 accuracy at n = 20
+and memory stays small.
 """
 
 from __future__ import annotations

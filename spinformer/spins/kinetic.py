@@ -23,7 +23,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
-from ._common import Adjoint, Matrix, Scalar, Solver, Vector, as_float, check_square, check_vector, solve
+from ._common import (
+    Adjoint,
+    Matrix,
+    Scalar,
+    Solver,
+    Vector,
+    as_float,
+    check_square,
+    check_vector,
+    solve,
+)
 
 __all__ = ["mean_field_step", "tap_step", "correlations", "entropy_production", "simulate"]
 
@@ -75,8 +85,8 @@ def tap_step(
     m_i).
 
     **Arguments:** as `mean_field_step`, plus `solver` (`None` means
-    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`) and `throw`,
-    as `solvers.fixed_point`.
+    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means
+    `Implicit(linear_solver=GMRES(restart=5))`) and `throw`, as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution` whose `value` holds the magnetizations at t, `(n,)`.
     """

@@ -208,8 +208,8 @@ def parallel_tempering(
     neighbouring replicas (r, r+1) — the even pairs after even sweeps, the odd pairs after
     odd sweeps — exchange their states with probability min(1, exp((β_r − β_{r+1})(E_r −
     E_{r+1}))), which keeps each replica's Boltzmann distribution invariant while the hot
-    replicas carry the cold one across energy barriers (Kim & Park 2026, §5 name parallel tempering as
-    the classical route beyond exact enumeration).
+    replicas carry the cold one across energy barriers (Kim & Park 2026, §5, name parallel
+    tempering as the classical route beyond exact enumeration).
 
     **Arguments:**
 
@@ -428,10 +428,10 @@ def straight_through(
     """Straight-through estimator: the value of `estimate`, the gradient of `surrogate`.
 
     Returns `surrogate + stop_gradient(estimate − surrogate)`. Use it to train through
-    sampled magnetizations (Kim & Park 2026, §4.5 train DQA-sampled attention this way): `estimate` is
-    the (non-differentiable) sample mean, `surrogate` a differentiable approximation of the
-    same magnetizations — exact marginals when affordable, otherwise `ising.mean_field` /
-    `ising.tap` (or, the crudest choice, tanh(h)).
+    sampled magnetizations (Kim & Park 2026, §4.5, train DQA-sampled attention this way):
+    `estimate` is the (non-differentiable) sample mean, `surrogate` a differentiable
+    approximation of the same magnetizations — exact marginals when affordable, otherwise
+    `ising.mean_field` / `ising.tap` (or one mean-field step: `straight_through_mean_field`).
 
     **Arguments:** two arrays of the same shape.
 

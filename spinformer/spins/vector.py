@@ -192,12 +192,7 @@ def _check_system(name, m_prev, x, J):
 
 
 def mean_field_step(
-    m_prev: Float[ArrayLike, "n D"],
-    x: Float[ArrayLike, "n D"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
+    m_prev: Spins, x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
     large_d: bool = True,
 ) -> Float[Array, "n D"]:
     """One naive mean-field step, m_t = φ(x + J m_{t−1}) (Bal 2023, first-order Plefka).
@@ -265,12 +260,7 @@ def _mf_ness_map(m, args):
 
 
 def ness_update(
-    m: Float[ArrayLike, "n D"],
-    x: Float[ArrayLike, "n D"],
-    J: Float[ArrayLike, "n n"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    R: float | Float[ArrayLike, ""] = 1.0,
+    m: Spins, x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0
 ) -> Float[Array, "n D"]:
     """One application of the steady-state map m ↦ φ(θ(m; m_{t−1} = m)) whose fixed point
     `tap_ness` solves — for running another solver on the same problem (e.g. a reference
@@ -303,7 +293,8 @@ def tap_step(
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
     R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`: tol 1e-5 in the ∞-norm),
-    `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`), `throw` as `solvers.fixed_point`.
+    `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`), `throw` as
+    `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution`; its `value` holds the magnetizations at t, `(n, D)`.
     """
