@@ -80,8 +80,9 @@ def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> 
             xs, ys = _series(records, "train", f"backward_steps/{layer}")
             pts = [(x, y) for x, y in zip(xs, ys) if y >= 0]
             if pts:
-                ax.plot(*zip(*pts), "--", color=f"C{layer}", label=f"layer {layer} backward")
-        ax.set_ylabel("solver steps (forward; backward products)")
+                ax.plot(*zip(*pts), "--", color=f"C{layer}",
+                        label=f"layer {layer} backward products")
+        ax.set_ylabel("solver steps")
         if label:
             ax.set_title(label, fontsize="small")
         ax.legend(fontsize="small")
