@@ -44,6 +44,7 @@ __all__ = [
     "describe",
     "from_dict",
     "load_config",
+    "option",
     "parse_overrides",
     "save_config",
     "to_dict",
