@@ -202,8 +202,8 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
     """AdamW with warmup + cosine schedule, optional global-norm clipping, and a separate
     learning rate and weight decay for the coupling parameters (labelled by
-    `spinformer.nn.param_labels`: e.g. the Ising couplings J of Boltzmann attention, seed
-    §4.1's LR_J). `None` for `coupling_lr` / `coupling_weight_decay` means the defaults'."""
+    `spinformer.nn.param_labels`: e.g. the Ising couplings J of Boltzmann attention, the
+    LR_J of Kim & Park 2026, §4.1). `None` for `coupling_lr` / `coupling_weight_decay` means the defaults'."""
     groups = {
         "default": optax.adamw(make_schedule(lr, steps, warmup_steps, min_lr_ratio),
                                weight_decay=weight_decay),
@@ -230,7 +230,11 @@ def init_opt_state(optimizer: optax.GradientTransformation, model) -> PyTree:
 
 
 def num_params(model) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))))
+    """The number of trainable numbers in `model` (the implicit adjoints' backward-solve
+    probes, `solvers.record_backward`, are not parameters and are not counted)."""
+    is_adjoint = lambda x: isinstance(x, solvers.Implicit)  # noqa: E731
+    no_probes = jax.tree.map(lambda x: None if is_adjoint(x) else x, model, is_leaf=is_adjoint)
+    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(no_probes, eqx.is_inexact_array))))
 
 
 def to_device(batch: dict[str, Any]) -> dict[str, Array]:
