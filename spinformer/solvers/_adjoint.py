@@ -82,8 +82,8 @@ class Implicit(AbstractAdjoint):
     The backward solves can be observed: `record_backward(Implicit(...))` gives the adjoint a
     zero `probe` array, and the gradient of a loss with respect to that probe is the sum,
     over every backward solve the loss went through, of `(1, matrix–vector products,
-    relative residual ‖Aw − b‖/‖b‖)` (products are −1 per solve for `GMRES`/`BiCGStab`,
-    which do not report them). Inside a model the probe is a leaf like any parameter, so
+    relative residual ‖Aw − b‖/‖b‖)` (products are −1 per solve for `BiCGStab`, which does
+    not report them). Inside a model the probe is a leaf like any parameter, so
     stacked layers give per-layer sums and vmapped batches are summed; `backward_stats`
     reads them out of a gradient and zeroes them before an optimizer sees them.
     """

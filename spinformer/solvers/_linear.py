@@ -22,17 +22,21 @@ from ._solvers import AbstractFixedPointSolver, _BestSoFar, _FixedPointProblem, 
 
 
 class AbstractLinearSolver(eqx.Module):
-    """A matrix-free solver of A w = b (`solve(matvec, b, tol=, max_steps=) -> w`)."""
+    """A matrix-free solver of A w = b (`solve(matvec, b, tol=, max_steps=) -> (w, products)`)."""
 
     @abc.abstractmethod
     def solve(self, matvec: Callable[[Array], Array], b: Array, *, tol, max_steps: int
-              ) -> Array:
-        """An approximate solution w of A w = b, started at w = b."""
+              ) -> tuple[Array, Array]:
+        """An approximate solution w of A w = b, started at w = b, and the number of
+        matrix–vector products it took (−1 if the method does not report it)."""
 
 
 class GMRES(AbstractLinearSolver):
     """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`, batched Arnoldi): each cycle builds a
-    Krylov basis of `restart` products, so the budget is rounded up to whole cycles."""
+    Krylov basis of `restart` products, so the budget is rounded up to whole cycles. The
+    cycles are run one at a time and the true residual is checked after each (one product
+    more per cycle than a single call), so the products are counted: every cycle costs
+    `restart + 2` (its starting residual, the basis, the check)."""
 
     restart: int = eqx.field(default=20, static=True)
 
@@ -42,11 +46,22 @@ class GMRES(AbstractLinearSolver):
 
     def solve(self, matvec, b, *, tol, max_steps):
         restart = max(1, min(self.restart, b.shape[0]))
-        w, _ = jax.scipy.sparse.linalg.gmres(
-            matvec, b, x0=b, tol=tol, restart=restart,
-            maxiter=max(1, math.ceil(max_steps / restart)), solve_method="batched",
-        )
-        return w
+        cycles = max(1, math.ceil(max_steps / restart))
+        target = tol * l2_norm(b)
+
+        def cond(c):
+            _, rnorm, k = c
+            return (rnorm > target) & (k < cycles)
+
+        def body(c):
+            w, _, k = c
+            w, _ = jax.scipy.sparse.linalg.gmres(
+                matvec, b, x0=w, tol=tol, restart=restart, maxiter=1, solve_method="batched"
+            )
+            return w, l2_norm(b - matvec(w)), k + 1
+
+        w, _, k = jax.lax.while_loop(cond, body, (b, l2_norm(b - matvec(b)), 0))
+        return w, 1 + k * (restart + 2)
 
 
 class BiCGStab(AbstractLinearSolver):
@@ -54,7 +69,7 @@ class BiCGStab(AbstractLinearSolver):
 
     def solve(self, matvec, b, *, tol, max_steps):
         w, _ = jax.scipy.sparse.linalg.bicgstab(matvec, b, x0=b, tol=tol, maxiter=max_steps)
-        return w
+        return w, -1  # jax's BiCGSTAB does not report its iterations
 
 
 def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
@@ -88,13 +103,12 @@ def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
 
     **Returns:** `(w, ok, steps, rel)`: the solution; whether the true residual satisfies
     ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
-    solver does not report them: `GMRES`, `BiCGStab`); and ‖A w − b‖₂/‖b‖₂."""
+    solver does not report them: `BiCGStab`); and ‖A w − b‖₂/‖b‖₂."""
     if isinstance(linear_solver, AbstractFixedPointSolver):
         w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
     else:
-        w = linear_solver.solve(matvec, b, tol=tol, max_steps=max_steps)
-        steps = -1
+        w, steps = linear_solver.solve(matvec, b, tol=tol, max_steps=max_steps)
     resid = l2_norm(matvec(w) - b)
     bnorm = l2_norm(b)
     ok = resid <= 10.0 * tol * bnorm + jnp.finfo(b.dtype).tiny

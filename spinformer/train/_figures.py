@@ -76,7 +76,7 @@ def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> 
                 if xs:
                     ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
             # backward: matrix-vector products per adjoint solve (negative where the linear
-            # solver does not count them, GMRES and BiCGStab: not drawn)
+            # solver does not count them, BiCGStab: not drawn)
             xs, ys = _series(records, "train", f"backward_steps/{layer}")
             pts = [(x, y) for x, y in zip(xs, ys) if y >= 0]
             if pts:

@@ -79,7 +79,7 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
 def _backward_metrics(records: list[Array]) -> dict[str, Array]:
     """Backward-solve statistics from `solvers.backward_stats` records (each `(..., 3)`:
     solves, matrix–vector products, relative residuals, summed): `backward_steps` (products
-    per solve; −1 for linear solvers that do not count them, GMRES and BiCGStab) and
+    per solve; −1 for a linear solver that does not count them, BiCGStab) and
     `backward_residual` (mean relative residual) overall, and per layer (`backward_steps/0`,
     ...) when the records have a leading layer axis."""
     if not records:
