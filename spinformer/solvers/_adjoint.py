@@ -44,10 +44,10 @@ class Unrolled(AbstractAdjoint):
 
     Exact gradients of the computation actually performed: the reference the implicit
     gradients are tested against. The loop stops as soon as the solve converges (as without
-    gradients); its iterates are stored at checkpoints and recomputed in the backward pass
-    (`equinox.internal.while_loop(kind="checkpointed")`, the loop optimistix's
-    `RecursiveCheckpointAdjoint` uses), so memory grows only logarithmically with the
-    steps taken. Reverse mode only (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`,
+    gradients); its iterates are stored at about √(2·max_steps) checkpoints and recomputed
+    in the backward pass (`equinox.internal.while_loop(kind="checkpointed")`, the online
+    treeverse scheme optimistix's `RecursiveCheckpointAdjoint` uses), so memory grows like
+    the square root of the step budget rather than linearly. Reverse mode only (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`,
     `jax.jacfwd`) is available through `Phantom`, `OneStep` or plain autodiff of a loop
     you unroll yourself.
     """
