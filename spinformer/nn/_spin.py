@@ -268,10 +268,7 @@ class SpinAttention(eqx.Module):
                 xh, J, ch, m_prev
             )
         elif self.mode == "fixed_point":
-            m0 = vector.magnetization(xh, beta=beta, R=R)
-            m, stats = jax.vmap(lambda xx, jj, m0_: self._steady_state(m0_, xx, jj))(
-                xh, J, m0
-            )
+            m, stats = jax.vmap(self._steady_state)(xh, J)
         else:
             m0 = self._initial_state(xh, state)
             m, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
@@ -314,10 +311,10 @@ class SpinAttention(eqx.Module):
         m, stats = self._one_step(m_prev, x_big, J_big)
         return m[:n], stats
 
-    def _steady_state(self, m0, x, J):
-        """The NESS m* = update(m*, m*) solved as a fixed point."""
+    def _steady_state(self, x, J):
+        """The NESS m* = update(m*, m*) solved as a fixed point, started at φ(x)."""
         ness = vector.tap_ness if self.update == "tap" else vector.mean_field_ness
-        sol = ness(x, J, beta=self.beta, R=self.radius, m0=m0, **self._solve_kwargs())
+        sol = ness(x, J, beta=self.beta, R=self.radius, **self._solve_kwargs())
         return sol.value, Stats.of(sol)
 
     def _initial_state(self, xh, state):
