@@ -23,9 +23,10 @@ m = ising.tap(h, J, beta=0.5)
 ```
 """
 
+from . import coalitions as coalitions
 from . import ising as ising
 from . import kinetic as kinetic
 from . import samplers as samplers
 from . import vector as vector
 
-__all__ = ["ising", "kinetic", "samplers", "vector"]
+__all__ = ["coalitions", "ising", "kinetic", "samplers", "vector"]
