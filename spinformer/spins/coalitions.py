@@ -571,20 +571,22 @@ class _NGTDraws(NamedTuple):
 
 def _ngt_draw(key, n: int, num_samples: int, players) -> _NGTDraws:
     K = num_samples
-    k_perm, k_size, k_ban, k_pair = jax.random.split(key, 4)
+    iu, ju = np.triu_indices(n, 1)
+    shapes = [(n, K, n), (n, K), (n, K, n), (len(iu), K, n)]
+    # one call of the generator for every draw (each call costs a compile of its own)
+    u = jax.random.uniform(key, (sum(math.prod(x) for x in shapes),))
+    cuts = np.cumsum([math.prod(x) for x in shapes])[:-1]
+    u_perm, u_size, u_ban, u_pair = (x.reshape(sh) for x, sh in zip(jnp.split(u, cuts), shapes))
     eye = jnp.eye(n, dtype=bool)
     others = players[None, :] & ~eye  # (n, n): the players other than i
     m = jnp.sum(players).astype(jnp.int32)
-    u = jax.random.uniform(k_perm, (n, K, n))
-    u = jnp.where(others[:, None, :], u, 2.0)
-    rank = jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)
-    sizes = jax.random.randint(k_size, (n, K), 0, jnp.maximum(m, 1))
+    u_perm = jnp.where(others[:, None, :], u_perm, 2.0)
+    rank = jnp.argsort(jnp.argsort(u_perm, axis=-1), axis=-1)  # a uniform order of the others
+    sizes = jnp.clip(jnp.floor(u_size * m).astype(jnp.int32), 0, jnp.maximum(m - 1, 0))
     prefixes = (rank < sizes[..., None]) & others[:, None, :]
-    coalitions = jax.random.bernoulli(k_ban, 0.5, (n, K, n)) & others[:, None, :]
-    iu, ju = np.triu_indices(n, 1)
+    coalitions = (u_ban < 0.5) & others[:, None, :]
     pair_others = players[None, :] & ~eye[iu] & ~eye[ju]  # (P, n)
-    pair_coalitions = (jax.random.bernoulli(k_pair, 0.5, (len(iu), K, n))
-                       & pair_others[:, None, :])
+    pair_coalitions = (u_pair < 0.5) & pair_others[:, None, :]
     return _NGTDraws(prefixes, sizes, coalitions, pair_coalitions)
 
 
