@@ -47,6 +47,11 @@ converges (as K → ∞) to E_q[(g/q)Δ]/E_q[g/q] = Σ_C g(C)Δ(C)/Σ_C g(C), i.
 - Pair branch: the limit is J^γ_ij = Σ_C e^{v(C)/γ} Δ_ij(C) / Σ_C e^{v(C)/γ} over
   C ⊆ N∖{i,j} (`gibbs_interactions`).
 
+Numerically (`experiments/ngt_worked_example.py`: three random 8-player norm games, K = 2^14
+draws, γ = 0.25, 1, 100) all three branches sit within 0.012 of these limits, while the
+Shapley branch misses φ by 0.10–0.53 and, at γ ≤ 1, the Banzhaf branch misses β by 0.09–0.37
+and the pair branch misses J by 0.06–0.30.
+
 Only as γ → ∞ do the Banzhaf and pair branches become consistent for β and J; the Shapley
 branch is consistent for the Shapley value at no γ (for games where φ ≠ β). As γ → 0 the
 limits concentrate on the highest-value context (for a monotone game, N∖{i}: the marginal
@@ -697,9 +702,10 @@ def ngt_estimates(
     same Gibbs-tilted average over uniform subsets, `gibbs_banzhaf(v, n, gamma=gamma)`
     (the Shapley proposal has probability p/m, so the 1/p factor undoes it), and the pair
     branch into `gibbs_interactions(v, n, gamma=gamma)`. As γ → ∞ these become the Banzhaf
-    index and the Banzhaf interaction index; the Shapley value is the limit of neither. At
-    finite K self-normalisation adds an O(1/K) bias (at K = 1 the estimators are plain,
-    unbiased Monte Carlo for φ, β and J).
+    index and the Banzhaf interaction index; the Shapley value is the limit of neither (on
+    random 8-player norm games at K = 2^14 the Shapley branch misses φ by 0.10–0.53 for
+    γ from 0.25 to 100, and sits within 0.012 of β^γ). At finite K self-normalisation adds
+    an O(1/K) bias (at K = 1 the estimators are plain, unbiased Monte Carlo for φ, β and J).
 
     **Arguments:**
 
