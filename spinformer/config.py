@@ -61,8 +61,10 @@ def _need(cond: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: str = _f("brackets", "which dataset: brackets (Dyck-1 matching) or chars "
-                   "(character-level language modelling)", ("brackets", "chars"))
+    task: str = _f("brackets", "which dataset: brackets (Dyck-1 matching), chars "
+                   "(character-level language modelling), nli (generated natural language "
+                   "inference) or snli (SNLI/MNLI JSON-lines files at data.path)",
+                   ("brackets", "chars", "nli", "snli"))
     seq_len: int = _f(12, "sequence length T (tokens per example)")
     batch_size: int = _f(32, "examples per training batch")
     path: str = _f("shakespeare", "chars only: a text file, or a fetched dataset name "
@@ -71,6 +73,14 @@ class DataConfig:
                                   "of the text (null: all)")
     val_fraction: float = _f(0.1, "chars only: the last fraction of the text held out for "
                              "validation")
+    distractors: int = _f(0, "nli only: irrelevant modifiers inserted into each sentence "
+                          "(difficulty; labels unchanged)")
+    held_out: bool = _f(True, "nli only: val/test use words and templates never seen in "
+                        "training")
+    max_vocab: int = _f(20000, "snli only: the most frequent training words kept (others "
+                        "become [UNK])")
+    max_examples: Optional[int] = _f(None, "snli only: use only the first max_examples "
+                                     "training pairs (null: all)")
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
 
@@ -78,6 +88,8 @@ class DataConfig:
         _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
         _need(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1.")
         _need(self.eval_batches >= 1, f"eval_batches={self.eval_batches} must be >= 1.")
+        _need(self.distractors >= 0, f"distractors={self.distractors} must be >= 0.")
+        _need(self.max_vocab >= 4, f"max_vocab={self.max_vocab} must be >= 4.")
         _need(0.0 < self.val_fraction < 1.0,
               f"val_fraction={self.val_fraction} must be in (0, 1).")
 
@@ -97,6 +109,10 @@ def _model_fields():
         ("ffn_hidden", int, _f(64, "hidden width of each block's feed-forward network "
                                    "(0: none)")),
         ("dropout", float, _f(0.0, "dropout rate on the residual branches")),
+        ("pool", str, _f("mean", "pair classification (nli, snli) only: how the encoded pair "
+                         "becomes one vector: mean (of the tokens), cls (first token) or ngt "
+                         "(the NeuroGame paper's pooled game head, options from "
+                         "model.neurogame)", ("mean", "cls", "ngt"))),
     ]
     for r in regs:
         if r.config is not None:

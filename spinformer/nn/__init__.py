@@ -16,7 +16,7 @@ A new attention is one module plus one config dataclass, registered with
 """
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
-from . import _softmax, _spin, _boltzmann  # noqa: F401, I001
+from . import _softmax, _spin, _boltzmann, _neurogame  # noqa: F401, I001
 from ._block import Block as Block
 from ._block import FeedForward as FeedForward
 from ._boltzmann import BoltzmannAttention as BoltzmannAttention
@@ -25,6 +25,11 @@ from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import Stats as Stats
 from ._groups import param_labels as param_labels
 from ._masks import causal_mask as causal_mask
+from ._neurogame import NeuroGameAttention as NeuroGameAttention
+from ._neurogame import NeuroGameConfig as NeuroGameConfig
+from ._neurogame import NeuroGameDiagnostics as NeuroGameDiagnostics
+from ._pair import PairClassifier as PairClassifier
+from ._pair import PairDiagnostics as PairDiagnostics
 from ._registry import Registration as Registration
 from ._registry import attention_names as attention_names
 from ._registry import get_attention as get_attention
@@ -55,6 +60,11 @@ __all__ = [
     "Classifier",
     "Diagnostics",
     "FeedForward",
+    "NeuroGameAttention",
+    "NeuroGameConfig",
+    "NeuroGameDiagnostics",
+    "PairClassifier",
+    "PairDiagnostics",
     "Registration",
     "SequenceModel",
     "SoftmaxAttention",

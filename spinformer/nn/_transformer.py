@@ -38,11 +38,14 @@ class Transformer(eqx.Module):
     - `causal`: causal self-attention (token i sees j ≤ i) in every block.
     - `ffn_hidden`: hidden width of each block's feed-forward network; 0 for none.
     - `dropout`: dropout rate (active only when a `key` is passed to `__call__`).
+    - `num_segments`: size of a learned segment embedding added to the token embeddings
+      (e.g. 3 for padding / premise / hypothesis of a sentence pair); 0 for none.
     - `key`: PRNG key.
     """
 
     embed: eqx.nn.Embedding
     pos_embed: Float[Array, "max_len d"]
+    segment_embed: Optional[eqx.nn.Embedding]
     blocks: Block
     norm: eqx.nn.LayerNorm
     depth: int = eqx.field(static=True)
@@ -60,6 +63,7 @@ class Transformer(eqx.Module):
         causal: bool = False,
         ffn_hidden: int = 0,
         dropout: float = 0.0,
+        num_segments: int = 0,
         *,
         key: PRNGKeyArray,
     ):
@@ -78,6 +82,8 @@ class Transformer(eqx.Module):
 
         self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke)
         self.pos_embed = 0.02 * jax.random.normal(kp, (max_len, dim))
+        self.segment_embed = (eqx.nn.Embedding(num_segments, dim, key=jax.random.fold_in(ke, 1))
+                              if num_segments > 0 else None)
         self.blocks = eqx.filter_vmap(make_block)(jax.random.split(kb, depth))
         self.norm = eqx.nn.LayerNorm(dim)
         self.depth = depth
@@ -92,10 +98,12 @@ class Transformer(eqx.Module):
         state: Optional[Float[Array, "depth n d"]] = None,
         key: Optional[PRNGKeyArray] = None,
         return_diagnostics: bool = False,
+        segments: Optional[Int[Array, " n"]] = None,
     ):
         """**Arguments:**
 
         - `tokens`: integer ids, shape `(n,)`, n ≤ `max_len`.
+        - `segments`: segment ids `(n,)` (models built with `num_segments > 0` only).
         - `context`: optional `(s, d)` context for cross-attention in every block.
         - `mask`: optional boolean `(n, s)` attention mask.
         - `state`: optional `(depth, n, d)`, one state per block for attentions that carry
@@ -124,6 +132,17 @@ class Transformer(eqx.Module):
                 f"got {state.shape}. Pass the previous call's diagnostics.state."
             )
         x = jax.vmap(self.embed)(tokens) + self.pos_embed[:n]
+        if (segments is None) != (self.segment_embed is None):
+            raise ValueError(
+                "Transformer: pass segments= exactly when the model has a segment embedding "
+                f"(num_segments > 0); got segments={'None' if segments is None else 'ids'} "
+                f"with {'no ' if self.segment_embed is None else ''}segment embedding."
+            )
+        if segments is not None:
+            if segments.shape != tokens.shape:
+                raise ValueError(f"Transformer: segments must have the shape of tokens "
+                                 f"{tokens.shape}; got {segments.shape}.")
+            x = x + jax.vmap(self.segment_embed)(segments)
         dynamic, static = eqx.partition(self.blocks, eqx.is_array)
         keys = None if key is None else jax.random.split(key, self.depth)
 

@@ -24,11 +24,20 @@ def build_dataset(cfg: "_config.Config"):
             d.path, seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
             val_fraction=d.val_fraction, max_chars=d.max_chars,
         )
+    if d.task == "nli":
+        return _data.GeneratedNLI(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
+                                  distractors=d.distractors, held_out=d.held_out)
+    if d.task == "snli":
+        return _data.NLIFile.from_path(d.path, seq_len=d.seq_len, batch_size=d.batch_size,
+                                       seed=d.seed, max_vocab=d.max_vocab,
+                                       max_examples=d.max_examples)
     raise _config.ConfigError(f"data.task: unknown task {d.task!r}.")  # pragma: no cover
 
 
 def build_model(cfg: "_config.Config", dataset, *, key):
-    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging.
+    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, a
+    `PairClassifier` for sentence pairs (`model.pool`; the NeuroGame pooled head takes its
+    options from `model.neurogame`).
 
     The attention is looked up in the registry (`nn.register_attention`); its class turns the
     config section `model.<attention>` into constructor arguments (`from_config`)."""
@@ -42,6 +51,12 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     )
 
     def make(k):
+        if dataset.kind == "pair_classification":
+            ngt = _nn.get_attention("neurogame")
+            return _nn.PairClassifier(
+                dataset.vocab_size, dataset.num_classes, pool=m.pool,
+                pool_kwargs=ngt.kwargs_from(m.neurogame) if m.pool == "ngt" else None,
+                key=k, **common)
         if dataset.kind == "lm":
             return _nn.CausalLM(dataset.vocab_size, key=k, **common)
         return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, key=k, **common)
@@ -95,6 +110,8 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     optimizer = build_optimizer(cfg)
     out.mkdir(parents=True, exist_ok=True)
     _config.save_config(cfg, saved)
+    if callable(getattr(dataset, "save", None)):  # e.g. the vocabulary of a tokenizer
+        dataset.save(out)
     t = cfg.train
     extra = {
         "num_params": num_params(model),

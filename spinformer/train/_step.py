@@ -47,6 +47,18 @@ def _diag_metrics(diag: Optional[Diagnostics]) -> dict[str, Array]:
     return out
 
 
+def _all_diag_metrics(diag) -> dict[str, Array]:
+    """`_diag_metrics` of the model's diagnostics, plus `head_solver_steps` and
+    `head_solver_failures` for models with a solving head (`nn.PairClassifier(pool="ngt")`)."""
+    out = _diag_metrics(diag)
+    head = getattr(diag, "head", None)
+    if head is not None and head.solver is not None:
+        failed = head.solver.result != solvers.RESULTS.successful
+        out["head_solver_steps"] = jnp.mean(head.solver.num_steps.astype(jnp.float32))
+        out["head_solver_failures"] = jnp.mean(failed.astype(jnp.float32))
+    return out
+
+
 def _sums(logits, targets, mask):
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -72,7 +84,7 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
     nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
     count = jnp.maximum(count, 1.0)
     loss = nll / count
-    metrics = {"loss": loss, "accuracy": correct / count, **_diag_metrics(diag)}
+    metrics = {"loss": loss, "accuracy": correct / count, **_all_diag_metrics(diag)}
     return loss, metrics
 
 
@@ -149,7 +161,7 @@ def jit_step(optimizer: optax.GradientTransformation):
 def _eval_sums(model, batch):
     logits, diag = _forward(model, batch["inputs"], None)
     nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
-    extra = _diag_metrics(diag)
+    extra = _all_diag_metrics(diag)
     return nll, correct, count, extra
 
 
