@@ -25,6 +25,12 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
         "model.spin.max_steps": min(cfg.model.spin.max_steps, 8),
         "model.spin.num_steps": min(cfg.model.spin.num_steps, 2),
     }
+    if cfg.data.task in ("nli", "snli"):  # sentence pairs need their length
+        sets["data.seq_len"] = cfg.data.seq_len
+        sets["model.neurogame.train_samples"] = 3
+        sets["model.neurogame.eval_samples"] = 3
+    if cfg.data.task == "snli":
+        sets["data.path"] = str(ROOT / "tests" / "data" / "nli_sample.jsonl")
     if cfg.data.task == "chars":
         p = tmp_path / "text.txt"
         p.write_text(TEXT)

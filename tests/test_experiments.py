@@ -62,3 +62,23 @@ def test_boltzmann_ablation_plan():
     assert {m for _, m, _ in only} == {"hJL", "softmaxL"}
     assert {g for g, _, _ in only} == {("brackets", 12, 0), ("brackets", 16, 0)}
     assert len(only) == 2 * 6 * 2
+
+
+def test_ngt_nli_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    ngt = _load("ngt_nli")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    variants = "softmax,ngt,ngt_noJ"
+    ngt.main(["all", "--quick", "--seeds", "2", "--variants", variants, "--runs", str(runs),
+              "--results", str(results)])
+    assert len(list(runs.glob("*/test.json"))) == 6
+    cfg = load_config(runs / "ngt_noJ_s1" / "config.yaml")
+    assert cfg.model.pool == "ngt" and not cfg.model.neurogame.interactions
+    assert cfg.train.seed == cfg.data.seed == 1
+    table = (results / "nli.md").read_text()
+    assert "| ngt_noJ |" in table and "(n=2)" in table
+    assert (results / "negation_example.png").stat().st_size > 0
+    # a second run skips the finished ones (no new directories, nothing retrained)
+    before = {p: p.stat().st_mtime for p in runs.glob("*/test.json")}
+    ngt.main(["run", "--quick", "--seeds", "2", "--variants", variants, "--runs", str(runs)])
+    assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before

@@ -9,6 +9,7 @@ and the like; `{}` if none), which the trainer records in each run's summary.
 
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
+from ._nli import NLI_LABELS, GeneratedNLI, NLIFile, load_vocab, oracle, read_jsonl
 from ._protocol import Dataset
 from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, resolve_text_path
 
@@ -18,9 +19,15 @@ __all__ = [
     "CharText",
     "Dataset",
     "FETCHABLE",
+    "GeneratedNLI",
+    "NLIFile",
+    "NLI_LABELS",
     "cache_dir",
     "dataset_path",
     "fetch",
+    "load_vocab",
+    "oracle",
+    "read_jsonl",
     "resolve_text_path",
     "sample_brackets",
 ]

@@ -1,0 +1,272 @@
+"""NeuroGame attention against softmax and Boltzmann attention on generated natural language
+inference, with the NGT ablations (D. Bouchaffra et al., "NeuroGame Transformer:
+Gibbs-Inspired Attention Driven by Game Theory and Statistical Physics").
+
+    python experiments/ngt_nli.py run      # train every run not yet finished
+    python experiments/ngt_nli.py report   # table, paired gaps, figures from finished runs
+    python experiments/ngt_nli.py all      # both
+
+Every variant is a `spinformer.train.run` of `configs/nli_softmax.yaml` (the base: the same
+encoder width, depth, steps, batch and data for all) with overrides, written to `--runs`
+(default `runs/ngt_nli/<variant>_s<seed>`); a run with a `test.json` is skipped, so the sweep
+can be stopped and restarted. Runs go seed by seed over all variants, so a partial sweep
+still compares every variant on the same seeds.
+
+Variants (`VARIANTS`): `softmax` (encoder + mean pooling), `boltzmann` (Boltzmann h+J
+encoder, mean field), `ngt` (the paper's architecture: a softmax encoder and the NGT pooled
+game head, Monte Carlo estimators), its ablations `ngt_lambda1` (λ ≡ 1: Shapley only),
+`ngt_lambda0` (λ ≡ 0: Banzhaf only), `ngt_noJ` (no J_ij), `ngt_paper` (Algorithm 1's
+Gibbs-weighted estimators), `ngt_exact` (exact values; only when the sequences have at most
+16 slots), and `ngt_query` (this project's extension: per-query NGT games in the encoder).
+
+`report` writes `--results` (default `experiments/results/ngt`): `nli.md` (test accuracy
+mean ± std over seeds, paired gaps to softmax with 95% intervals, solver failures and time
+per step) and `negation_example.png` (φ, β and J_ij of the pooled game of the trained `ngt`
+model on a negation pair). `--quick` shrinks everything (a smoke test, not a result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import spinformer as sf
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BASE = ROOT / "configs/nli_softmax.yaml"
+# name -> (overrides on the base config, label)
+VARIANTS = {
+    "softmax": ({}, "softmax encoder, mean pool"),
+    "boltzmann": ({"model.attention": "boltzmann", "model.boltzmann.mode": "hJ",
+                   "model.boltzmann.inference": "mean_field"},
+                  "Boltzmann h+J encoder (mean field), mean pool"),
+    "ngt": ({"model.pool": "ngt"}, "softmax encoder + NGT pooled head (mc)"),
+    "ngt_lambda1": ({"model.pool": "ngt", "model.neurogame.gate": "shapley"},
+                    "NGT head, λ ≡ 1 (Shapley only)"),
+    "ngt_lambda0": ({"model.pool": "ngt", "model.neurogame.gate": "banzhaf"},
+                    "NGT head, λ ≡ 0 (Banzhaf only)"),
+    "ngt_noJ": ({"model.pool": "ngt", "model.neurogame.interactions": False},
+                "NGT head, no J_ij"),
+    "ngt_paper": ({"model.pool": "ngt", "model.neurogame.estimator": "paper"},
+                  "NGT head, Algorithm 1 estimators"),
+    "ngt_exact": ({"model.pool": "ngt", "model.neurogame.estimator": "exact"},
+                  "NGT head, exact values"),
+    "ngt_query": ({"model.attention": "neurogame", "model.neurogame.mode": "query"},
+                  "NGT per-query games in the encoder (extension), mean pool"),
+}
+TEST_BATCHES = 16
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 14: 2.14, 19: 2.09, 29: 2.05}
+
+
+def config_for(variant: str, seed: int, quick: bool, steps=None):
+    cfg = sf.config.load_config(BASE)
+    changes = dict(VARIANTS[variant][0])
+    changes.update({"train.seed": seed, "data.seed": seed, "train.progress": False})
+    if steps is not None:
+        changes["train.steps"] = steps
+    if quick:
+        changes.update({"train.steps": 4, "train.eval_every": 2, "train.log_every": 1,
+                        "train.warmup_steps": 1, "data.batch_size": 4, "data.eval_batches": 1,
+                        "model.dim": 16, "model.num_heads": 2, "model.ffn_hidden": 16,
+                        "model.depth": 1, "model.neurogame.train_samples": 3,
+                        "model.neurogame.eval_samples": 3})
+    return cfg.replace(changes)
+
+
+def usable(variant: str, cfg) -> bool:
+    """Exact values enumerate 2^(slots) coalitions: only for sequences of <= 16 slots."""
+    return variant != "ngt_exact" or cfg.data.seq_len <= sf.spins.coalitions.MAX_EXACT
+
+
+def plan(variants, seeds):
+    return [(v, s) for s in range(seeds) for v in variants]
+
+
+def _test_metrics(run_dir: pathlib.Path, cfg, quick: bool) -> dict:
+    cfg_, dataset, model = load_model(run_dir)
+    n = 1 if quick else TEST_BATCHES
+    return sf.train.evaluate(model, [dataset.batch(i, "test") for i in range(n)])
+
+
+def cmd_run(args):
+    runs = pathlib.Path(args.runs)
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    for name in variants:
+        if name not in VARIANTS:
+            raise SystemExit(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+    for variant, seed in plan(variants, args.seeds):
+        cfg = config_for(variant, seed, args.quick, args.steps)
+        if not usable(variant, cfg):
+            print(f"skip {variant}: exact values need seq_len <= 16 (have "
+                  f"{cfg.data.seq_len})", flush=True)
+            continue
+        out = runs / f"{variant}_s{seed}"
+        if (out / "test.json").exists():
+            continue
+        t0 = time.time()
+        summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
+        test = _test_metrics(out, cfg, args.quick)
+        test["wall_time_s"] = summary.get("wall_time_s")
+        test["time_per_step_s"] = (summary.get("wall_time_s") or 0) / max(summary["steps"], 1)
+        (out / "test.json").write_text(json.dumps(test, indent=2))
+        print(f"{variant} seed {seed}: val {summary['metrics']['accuracy']:.3f} test "
+              f"{test['accuracy']:.3f} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def load_model(run_dir):
+    """The trained model of a finished run directory (its last checkpoint)."""
+    cfg = sf.config.load_config(pathlib.Path(run_dir) / "config.yaml")
+    dataset = sf.train.build_dataset(cfg)
+    like = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
+    opt = sf.train.build_optimizer(cfg)
+    got = sf.train.load_latest(run_dir, (like, sf.train.init_opt_state(opt, like)))
+    if got is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to load.")
+    return cfg, dataset, got[1]
+
+
+def _load(runs: pathlib.Path):
+    rows = {}
+    for p in sorted(runs.glob("*_s*/test.json")):
+        variant, seed = p.parent.name.rsplit("_s", 1)
+        summary = json.loads((p.parent / "summary.json").read_text())
+        rows[(variant, int(seed))] = {"test": json.loads(p.read_text()), "summary": summary}
+    return rows
+
+
+def _ci(values):
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        return float(v.mean()) if len(v) else float("nan"), float("nan")
+    t = _T975.get(len(v) - 1) or _T975[max(k for k in _T975 if k <= len(v) - 1)]
+    return float(v.mean()), float(t * v.std(ddof=1) / np.sqrt(len(v)))
+
+
+def cmd_report(args):
+    runs, results = pathlib.Path(args.runs), pathlib.Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    rows = _load(runs)
+    if not rows:
+        raise SystemExit(f"no finished runs under {runs}; run `ngt_nli.py run` first.")
+    base_cfg = sf.config.load_config(BASE)
+    lines = [
+        "# NeuroGame attention on generated NLI",
+        "",
+        f"Base config `configs/nli_softmax.yaml` (task `{base_cfg.data.task}`, seq_len "
+        f"{base_cfg.data.seq_len}, width {base_cfg.model.dim}, depth {base_cfg.model.depth}, "
+        f"{base_cfg.model.num_heads} heads, {base_cfg.train.steps} steps of batch "
+        f"{base_cfg.data.batch_size}); every variant changes only what its row says. Test "
+        f"accuracy on {TEST_BATCHES} batches of the held-out test split (words and templates "
+        "never seen in training). Gaps are paired by seed (same data order and seed) with "
+        "95% t-intervals.",
+        "",
+        "| variant | what | seeds | test accuracy (mean ± std) | gap to softmax [95% CI] | "
+        "val accuracy | head solver failures | s/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = {s: r["test"]["accuracy"] for (v, s), r in rows.items() if v == "softmax"}
+    for variant, (_, label) in VARIANTS.items():
+        got = {s: r for (v, s), r in rows.items() if v == variant}
+        if not got:
+            continue
+        acc = [r["test"]["accuracy"] for r in got.values()]
+        val = [r["summary"]["metrics"]["accuracy"] for r in got.values()]
+        gaps = [got[s]["test"]["accuracy"] - base[s] for s in got if s in base]
+        g, h = _ci(gaps)
+        gap = "—" if variant == "softmax" else f"{100 * g:+.1f} [{100 * (g - h):+.1f}, " \
+                                                f"{100 * (g + h):+.1f}] (n={len(gaps)})"
+        fails = [r["summary"]["metrics"].get("head_solver_failures",
+                                             r["summary"]["metrics"].get("solver_failures"))
+                 for r in got.values()]
+        fails = [f for f in fails if f is not None]
+        step_t = np.mean([r["test"].get("time_per_step_s") or np.nan for r in got.values()])
+        lines.append(
+            f"| {variant} | {label} | {len(acc)} | {100 * np.mean(acc):.1f} ± "
+            f"{100 * np.std(acc):.1f} | {gap} | {100 * np.mean(val):.1f} | "
+            f"{'—' if not fails else f'{np.mean(fails):.3f}'} | {step_t:.3f} |")
+    (results / "nli.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    ngt_runs = sorted(p.parent for p in runs.glob("ngt_s*/test.json"))
+    if ngt_runs:
+        negation_figure(ngt_runs[0], results / "negation_example.png")
+
+
+def _negation_pair(dataset):
+    """The first validation pair whose hypothesis or premise holds a negation word."""
+    for i in range(20):
+        batch = dataset.batch(i, "val")
+        for b in range(batch["inputs"].shape[0]):
+            prem, hyp = dataset.decode(batch["inputs"][b])
+            if {"no", "not"} & (set(prem) | set(hyp)):
+                return batch["inputs"][b], int(batch["targets"][b])
+    batch = dataset.batch(0, "val")
+    return batch["inputs"][0], int(batch["targets"][0])
+
+
+def negation_figure(run_dir, path):
+    """φ, β (L1-normalised) and J_ij of the trained NGT head's pooled game on a negation
+    pair, head 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, dataset, model = load_model(run_dir)
+    inputs, label = _negation_pair(dataset)
+    tokens = jnp.asarray(inputs)
+    valid = np.asarray(tokens[0] != 0)
+    logits = model(tokens)
+    mask = jnp.broadcast_to(jnp.asarray(valid)[None, :], (len(valid), len(valid)))
+    h = model.encoder(tokens[0], segments=tokens[1], mask=mask)
+    _, d = model.head.pool(h, players=jnp.asarray(valid), return_diagnostics=True)
+    n = int(valid.sum())
+    words = [dataset.vocab[int(t)] for t in np.asarray(tokens[0])[:n]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1.4, 1]})
+    x = np.arange(n)
+    axes[0].bar(x - 0.2, np.asarray(d.shapley[0, 0, :n]), 0.4, label="φ (Shapley, L1-norm.)")
+    axes[0].bar(x + 0.2, np.asarray(d.banzhaf[0, 0, :n]), 0.4, label="β (Banzhaf, L1-norm.)")
+    axes[0].plot(x, np.asarray(d.weights[0, 0, :n]) - 0.5, "k.", label="α − ½")
+    axes[0].set_xticks(x, words, rotation=60)
+    axes[0].legend(fontsize=8)
+    names = sf.data.NLI_LABELS if hasattr(sf.data, "NLI_LABELS") else range(3)
+    pred = int(np.argmax(np.asarray(logits)))
+    axes[0].set_title(f"gold: {list(names)[label]}, predicted: {list(names)[pred]}")
+    J = np.asarray(d.couplings[0, 0, :n, :n])
+    lim = np.abs(J).max() or 1.0
+    im = axes[1].imshow(J, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    axes[1].set_xticks(x, words, rotation=90, fontsize=7)
+    axes[1].set_yticks(x, words, fontsize=7)
+    axes[1].set_title("J_ij (interaction estimates), head 0")
+    fig.colorbar(im, ax=axes[1])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("run", "report", "all"))
+    p.add_argument("--seeds", type=int, default=5, help="seeds per variant")
+    p.add_argument("--variants", default=None, help="comma-separated subset of the variants")
+    p.add_argument("--steps", type=int, default=None, help="override train.steps")
+    p.add_argument("--runs", default=str(ROOT / "runs/ngt_nli"))
+    p.add_argument("--results", default=str(ROOT / "experiments/results/ngt"))
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test only")
+    args = p.parse_args(argv)
+    if args.command in ("run", "all"):
+        cmd_run(args)
+    if args.command in ("report", "all"):
+        cmd_report(args)
+
+
+if __name__ == "__main__":
+    main()
