@@ -54,10 +54,16 @@ class GMRES(AbstractLinearSolver):
             return (rnorm > target) & (k < cycles)
 
         def body(c):
-            w, _, k = c
-            w, _ = jax.scipy.sparse.linalg.gmres(
+            w, rnorm, k = c
+            w_new, _ = jax.scipy.sparse.linalg.gmres(
                 matvec, b, x0=w, tol=tol, restart=restart, maxiter=1, solve_method="batched"
             )
+            # Under vmap the loop runs on for systems that have already converged: a cycle
+            # started at an exact solution (or one whose Krylov space is invariant, e.g. a
+            # system with decoupled identity rows) can break down into NaN, so such a cycle's
+            # result is kept only if the system was still unsolved and the result is finite.
+            keep = (rnorm > target) & jnp.all(jnp.isfinite(w_new))
+            w = jnp.where(keep, w_new, w)
             return w, l2_norm(b - matvec(w)), k + 1
 
         w, _, k = jax.lax.while_loop(cond, body, (b, l2_norm(b - matvec(b)), 0))
