@@ -10,6 +10,7 @@ and the like; `{}` if none), which the trainer records in each run's summary.
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
 from ._nli import NLI_LABELS, GeneratedNLI, NLIFile, load_vocab, oracle, read_jsonl
+from ._nli import Sentence, build_vocab, parse_sentence, save_vocab, tokenize
 from ._protocol import Dataset
 from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, resolve_text_path
 
@@ -22,12 +23,17 @@ __all__ = [
     "GeneratedNLI",
     "NLIFile",
     "NLI_LABELS",
+    "Sentence",
     "cache_dir",
     "dataset_path",
+    "build_vocab",
     "fetch",
     "load_vocab",
     "oracle",
+    "parse_sentence",
     "read_jsonl",
     "resolve_text_path",
     "sample_brackets",
+    "save_vocab",
+    "tokenize",
 ]
