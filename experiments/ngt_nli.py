@@ -32,6 +32,7 @@ import json
 import pathlib
 import time
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -222,10 +223,15 @@ def negation_figure(run_dir, path):
     inputs, label = _negation_pair(dataset)
     tokens = jnp.asarray(inputs)
     valid = np.asarray(tokens[0] != 0)
-    logits = model(tokens)
+    logits = eqx.filter_jit(lambda m, t: m(t))(model, tokens)
     mask = jnp.broadcast_to(jnp.asarray(valid)[None, :], (len(valid), len(valid)))
-    h = model.encoder(tokens[0], segments=tokens[1], mask=mask)
-    _, d = model.head.pool(h, players=jnp.asarray(valid), return_diagnostics=True)
+
+    @eqx.filter_jit
+    def inside(model, tokens, mask, valid):
+        h = model.encoder(tokens[0], segments=tokens[1], mask=mask)
+        return model.head.pool(h, players=valid, return_diagnostics=True)[1]
+
+    d = inside(model, tokens, mask, jnp.asarray(valid))
     n = int(valid.sum())
     words = [dataset.vocab[int(t)] for t in np.asarray(tokens[0])[:n]]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1.4, 1]})

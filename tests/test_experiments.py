@@ -3,6 +3,8 @@
 import importlib.util
 import pathlib
 
+import pytest
+
 from spinformer.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -64,6 +66,24 @@ def test_boltzmann_ablation_plan():
     assert len(only) == 2 * 6 * 2
 
 
+def test_ngt_nli_plan_and_configs():
+    """The sweep's order and each variant's config (no training)."""
+    ngt = _load("ngt_nli")
+    order = ngt.plan(list(ngt.VARIANTS), 2)
+    assert [v for v, s in order[:len(ngt.VARIANTS)]] == list(ngt.VARIANTS)  # seed-major
+    assert {s for _, s in order[:len(ngt.VARIANTS)]} == {0}
+    base = ngt.config_for("softmax", 0, False)
+    for name in ngt.VARIANTS:
+        cfg = ngt.config_for(name, 3, False)
+        assert cfg.train.seed == cfg.data.seed == 3
+        assert (cfg.model.dim, cfg.train.steps, cfg.data.task) == (
+            base.model.dim, base.train.steps, base.data.task)  # equal width and budget
+    assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
+    assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"
+    assert not ngt.usable("ngt_exact", base)  # 32 slots > 16: exact values refused
+
+
+@pytest.mark.slow
 def test_ngt_nli_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     ngt = _load("ngt_nli")
