@@ -390,6 +390,25 @@ def gibbs_interactions(
 # ----------------------------------------------------------------------------- Monte Carlo
 
 
+# Sums over the draws (the leading axis) in the interactions' reverse pass, as a chain of
+# adds of slices up to this many draws: XLA on CPU fused the reduction over the leading axis
+# with the elementwise work that produces it into a loop 10-20x slower (K = 15, n = 64,
+# under vmap). Not for arrays that are differentiated again (the reverse pass of the
+# slices is costly).
+_UNROLL_DRAWS = 64
+
+
+def _draw_sum(x):
+    """Σ_k x[k] over the leading axis."""
+    if x.shape[0] > _UNROLL_DRAWS:
+        return jnp.sum(x, axis=0)
+    parts = jnp.split(x, x.shape[0], axis=0)  # its transpose is one concatenate
+    out = parts[0]
+    for part in parts[1:]:
+        out = out + part
+    return out[0]
+
+
 def _estimate(samples) -> Estimate:
     K = samples.shape[0]
     mean = jnp.mean(samples, axis=0)
@@ -399,11 +418,21 @@ def _estimate(samples) -> Estimate:
 
 def _random_ranks(key, shape, players):
     """Uniform random orders of the players, non-players last: the rank (position) of every
-    player, int `shape + (n,)`, and the order (player at each position)."""
+    player, int `shape + (n,)`: the number of players that precede it. Computed by O(n²)
+    comparisons of uniform keys rather than a sort (XLA's sort was the slowest piece of the
+    estimators on CPU); ties of the keys (about n²/2^25 per order in float32) are broken by
+    index, so the ranks are always a permutation."""
     u = jax.random.uniform(key, shape + players.shape)
-    u = jnp.where(players, u, 2.0)
-    order = jnp.argsort(u, axis=-1)
-    return jnp.argsort(order, axis=-1), order
+    return _ranks(jnp.where(players, u, 2.0))
+
+
+def _ranks(u):
+    """The rank of every entry of `u (..., n)` along the last axis (ties broken by index)."""
+    n = u.shape[-1]
+    ui, uj = u[..., :, None], u[..., None, :]
+    idx = jnp.arange(n)
+    before = (uj < ui) | ((uj == ui) & (idx[None, :] < idx[:, None]))
+    return jnp.sum(before, axis=-1)
 
 
 def shapley_mc(
@@ -429,9 +458,11 @@ def shapley_mc(
     n = _check_n("shapley_mc", n)
     K = _check_samples("shapley_mc", num_samples)
     players = _players("shapley_mc", n, players)
-    rank, order = _random_ranks(key, (K,), players)  # (K, n)
+    rank = _random_ranks(key, (K,), players)  # (K, n)
     if isinstance(v, NormGame):
         _check_game_size("shapley_mc", v, n)
+        # the player at each position (inverse permutation by a scatter, not a sort)
+        order = jnp.zeros_like(rank).at[jnp.arange(K)[:, None], rank].set(jnp.arange(n))
         vec = v.vectors[order] * players[order][..., None].astype(v.vectors.dtype)
         sums = jnp.cumsum(vec, axis=1)  # (K, n, d): prefix of length t + 1
         sq = jnp.concatenate([jnp.zeros((K, 1), sums.dtype), jnp.sum(sums * sums, -1)], 1)
@@ -495,17 +526,92 @@ def banzhaf_mc(
     return _estimate(jnp.where(players, contrib, 0.0))
 
 
-def _pair_sq(sq, s, gram, size, a_i, a_j):
-    """‖S + a_i u_i + a_j u_j‖² for all pairs: `(..., n, n)` from ‖S‖² `(...)`,
-    s = U S `(..., n)`, G `(n, n)`, the coalition size |B| `(...)` and coefficients a_i,
-    a_j `(..., n)`. Exactly 0 where the target coalition is empty."""
-    g = jnp.diagonal(gram)
-    t_i = a_i * a_i * g + 2.0 * a_i * s
-    t_j = a_j * a_j * g + 2.0 * a_j * s
-    out = (sq[..., None, None] + t_i[..., :, None] + t_j[..., None, :]
-           + 2.0 * a_i[..., :, None] * a_j[..., None, :] * gram)
-    empty = size[..., None, None] + a_i[..., :, None] + a_j[..., None, :] == 0
-    return jnp.where(empty, 0.0, out)
+_NONLINEARITY_GRADS = {
+    "identity": lambda r: jnp.ones_like(r),
+    "tanh": lambda r: 1.0 - jnp.tanh(r) ** 2,
+    "relu": lambda r: (r > 0).astype(r.dtype),
+}
+
+
+def _pair_terms(U, bf, pf):
+    """The squared norms of the coalitions of Δ_ij(B ∖ {i, j}) for every draw and pair.
+
+    With S = Σ_{k∈B} u_k, s = U S, G = U Uᵀ, g = diag G and a = ε − b (ε ∈ {0, 1} the
+    membership in the target coalition, b that in B):
+    ‖S + a_i u_i + a_j u_j‖² = ‖S‖² + (a_i² g_i + 2a_i s_i) + (a_j² g_j + 2a_j s_j)
+    + 2a_i a_j G_ij. Returns the pieces and q₀₀, q₁₀, q₁₁ `(K, n, n)` (q₀₁ = q₁₀ᵀ), exactly
+    0 where the coalition is empty."""
+    G = mm(U, U.T)
+    g = jnp.diagonal(G)
+    S = mm(bf, U)  # (K, d)
+    sq = jnp.sum(S * S, axis=-1)  # (K,)
+    s = mm(S, U.T)  # (K, n)
+    size = jnp.sum(bf, axis=-1)
+    a = (-bf, pf - bf)  # a for ε = 0 and ε = 1, (K, n)
+    t = tuple(x * x * g + 2.0 * x * s for x in a)
+
+    def q(ei, ej):
+        out = (sq[:, None, None] + t[ei][:, :, None] + t[ej][:, None, :]
+               + 2.0 * a[ei][:, :, None] * a[ej][:, None, :] * G)
+        empty = size[:, None, None] + a[ei][:, :, None] + a[ej][:, None, :] == 0
+        return jnp.where(empty, 0.0, out)
+
+    return (S, s, a), (q(0, 0), q(1, 0), q(1, 1))
+
+
+@jax.custom_vjp
+def _norm_pair_deltas(f, U, bf, pf):
+    """Δ_ij(B_k ∖ {i, j}) of the game f(‖Σ_C u‖) for every draw k and pair (i, j):
+    `(K, n, n)`, symmetric in (i, j), from draws `bf (K, n)` (0/1 floats) and players `pf
+    (n,)`. A custom VJP: the reverse pass is a handful of fused reductions over the (K, n, n)
+    arrays (the generic reverse pass of the expansion materialised many, 10x the forward)."""
+    fn = _NONLINEARITIES[f.value]
+    _, (q00, q10, q11) = _pair_terms(U, bf, pf)
+    v10 = fn(_safe_sqrt(q10))
+    return fn(_safe_sqrt(q11)) - v10 - jnp.swapaxes(v10, -1, -2) + fn(_safe_sqrt(q00))
+
+
+def _norm_pair_deltas_fwd(f, U, bf, pf):
+    return _norm_pair_deltas(f, U, bf, pf), (f, U, bf, pf)
+
+
+def _norm_pair_deltas_bwd(res, C):
+    f, U, bf, pf = res
+    df = _NONLINEARITY_GRADS[f.value]
+    (S, s, a), qs = _pair_terms(U, bf, pf)
+    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))  # Δ is symmetric: only C's symmetric part acts
+
+    def slope(q):  # d f(√q) / dq, 0 where q = 0 (as the safe sqrt's gradient)
+        pos = q > 0
+        r = jnp.sqrt(jnp.where(pos, q, 1.0))
+        return jnp.where(pos, df(r) / (2.0 * r), 0.0)
+
+    # (weight w = ∂L/∂q, a_i, a_j, multiplicity): q₀₁ = q₁₀ᵀ counts twice after
+    # symmetrising C (its contributions are the transposes of q₁₀'s)
+    terms = ((C * slope(qs[0]), a[0], a[0], 1.0), (-C * slope(qs[1]), a[1], a[0], 2.0),
+             (C * slope(qs[2]), a[1], a[1], 1.0))
+    # q₀₀, q₁₁ and C are symmetric in (i, j), so their w's column sums are the row sums
+    d_sq, d_s, d_g = 0.0, 0.0, 0.0
+    for w, ai, aj, mult in terms:
+        rows = jnp.sum(w, axis=-1)  # (K, n): Σ_j w_kij
+        cols = rows if ai is aj else jnp.sum(w, axis=-2)  # (K, n): Σ_i w_kij
+        d_sq = d_sq + mult * jnp.sum(rows, axis=-1)
+        d_s = d_s + mult * 2.0 * (ai * rows + aj * cols)
+        d_g = d_g + mult * _draw_sum(ai * ai * rows + aj * aj * cols)
+    d_G = 2.0 * _draw_sum(sum(mult * w * ai[:, :, None] * aj[:, None, :]
+                              for w, ai, aj, mult in terms))
+    d_S = 2.0 * d_sq[:, None] * S + mm(d_s, U)  # (K, d)
+    d_U = (mm(bf.T, d_S) + mm(d_s.T, S) + mm(d_G + d_G.T, U) + 2.0 * d_g[:, None] * U)
+    return None, d_U, jnp.zeros_like(bf), jnp.zeros_like(pf)
+
+
+_norm_pair_deltas.defvjp(_norm_pair_deltas_fwd, _norm_pair_deltas_bwd)
+
+
+class _Static(eqx.Module):
+    """A hashable, non-array argument of a custom-VJP function (no cotangent)."""
+
+    value: str = eqx.field(static=True)
 
 
 def interactions_mc(
@@ -534,14 +640,7 @@ def interactions_mc(
     if isinstance(v, NormGame):
         _check_game_size("interactions_mc", v, n)
         U = v.vectors
-        bf, pf = b.astype(U.dtype), players.astype(U.dtype)
-        S = mm(bf, U)
-        sq, s, gram = jnp.sum(S * S, axis=-1), mm(S, U.T), v._gram()
-        a = (-bf, pf - bf)  # a for ε = 0 and ε = 1
-        size = jnp.sum(bf, axis=-1)
-        vals = [[v._from_sq(_pair_sq(sq, s, gram, size, a[ei], a[ej])) for ej in (0, 1)]
-                for ei in (0, 1)]
-        delta = vals[1][1] - vals[1][0] - vals[0][1] + vals[0][0]
+        delta = _norm_pair_deltas(_Static(v.f), U, b.astype(U.dtype), players.astype(U.dtype))
     else:
         eye = jnp.eye(n, dtype=bool)
         base = b[:, None, None, :] & ~eye[None, :, None, :] & ~eye[None, None, :, :]
@@ -586,7 +685,7 @@ def _ngt_draw(key, n: int, num_samples: int, players) -> _NGTDraws:
     others = players[None, :] & ~eye  # (n, n): the players other than i
     m = jnp.sum(players).astype(jnp.int32)
     u_perm = jnp.where(others[:, None, :], u_perm, 2.0)
-    rank = jnp.argsort(jnp.argsort(u_perm, axis=-1), axis=-1)  # a uniform order of the others
+    rank = _ranks(u_perm)  # a uniform order of the others
     sizes = jnp.clip(jnp.floor(u_size * m).astype(jnp.int32), 0, jnp.maximum(m - 1, 0))
     prefixes = (rank < sizes[..., None]) & others[:, None, :]
     coalitions = (u_ban < 0.5) & others[:, None, :]
