@@ -237,10 +237,36 @@ def test_unrolled_and_implicit_gradients_agree():
     common = dict(gamma=1.0, solver=solvers.Picard(tol=1e-7, max_steps=200))
     grads = []
     for adjoint in (solvers.Unrolled(),
-                    solvers.Implicit(linear_solver=solvers.GMRES(restart=6), tol=1e-7)):
+                    solvers.Implicit(linear_solver=solvers.GMRES(restart=6), tol=1e-7),
+                    solvers.Implicit(tol=1e-7)):  # the default's linear solver (Anderson)
         a = make("pooled", "exact", adjoint=adjoint, **common)
         grads.append(eqx.filter_jit(eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2)))(a).to_v.weight)
-    np.testing.assert_allclose(grads[0], grads[1], rtol=2e-3, atol=1e-6)
+    for g in grads[1:]:
+        np.testing.assert_allclose(grads[0], g, rtol=2e-3, atol=1e-6)
+
+
+def test_implicit_gradients_stay_finite_when_a_mean_field_fails():
+    """A game whose mean field did not converge passes no gradient through ⟨s⟩ (the implicit
+    function theorem needs a fixed point) instead of making every gradient NaN; the games
+    that converged keep theirs, equal to those of a call where every game converged."""
+    x = tokens(6)
+    strong = dict(gamma=0.05, solver=solvers.Picard(tol=1e-8, max_steps=2))
+    a = make("query", "mc", **strong)  # the default adjoint: implicit
+    assert isinstance(a.adjoint, solvers.Implicit)
+    _, d = call(a, x, return_diagnostics=True)
+    failed = np.asarray(d.solver.result) != solvers.RESULTS.successful
+    assert failed.any()
+    g = eqx.filter_grad(lambda a: jnp.sum(call(a, x) ** 2))(a)
+    for leaf in jax.tree.leaves(eqx.filter(g, eqx.is_inexact_array)):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+    # with every game failing, nothing flows through the mean field: the temperature, which
+    # acts only there, gets exactly zero gradient
+    b = make("pooled", "mc", **strong)
+    _, db = call(b, x, return_diagnostics=True)
+    assert np.all(np.asarray(db.solver.result) != solvers.RESULTS.successful)
+    gb = eqx.filter_grad(lambda b: jnp.sum(call(b, x) ** 2))(b)
+    np.testing.assert_array_equal(gb.log_gamma, 0.0)
+    assert np.all(np.isfinite(np.asarray(gb.to_v.weight)))
 
 
 # --------------------------------------------------------------- masks, padding, keys
