@@ -533,79 +533,49 @@ _NONLINEARITY_GRADS = {
 }
 
 
-def _pair_terms(U, bf, pf):
-    """The squared norms of the coalitions of Δ_ij(B ∖ {i, j}) for every draw and pair.
+def _slope(f: str, q):
+    """d f(√q) / dq, 0 where q ≤ 0 (as the safe sqrt's gradient)."""
+    pos = q > 0
+    r = jnp.sqrt(jnp.where(pos, q, 1.0))
+    return jnp.where(pos, _NONLINEARITY_GRADS[f](r) / (2.0 * r), 0.0)
 
-    With S = Σ_{k∈B} u_k, s = U S, G = U Uᵀ, g = diag G and a = ε − b (ε ∈ {0, 1} the
-    membership in the target coalition, b that in B):
-    ‖S + a_i u_i + a_j u_j‖² = ‖S‖² + (a_i² g_i + 2a_i s_i) + (a_j² g_j + 2a_j s_j)
-    + 2a_i a_j G_ij. Returns the pieces and q₀₀, q₁₀, q₁₁ `(K, n, n)` (q₀₁ = q₁₀ᵀ), exactly
-    0 where the coalition is empty."""
-    G = mm(U, U.T)
-    g = jnp.diagonal(G)
-    S = mm(bf, U)  # (K, d)
-    sq = jnp.sum(S * S, axis=-1)  # (K,)
-    s = mm(S, U.T)  # (K, n)
-    size = jnp.sum(bf, axis=-1)
-    a = (-bf, pf - bf)  # a for ε = 0 and ε = 1, (K, n)
-    t = tuple(x * x * g + 2.0 * x * s for x in a)
 
-    def q(ei, ej):
-        out = (sq[:, None, None] + t[ei][:, :, None] + t[ej][:, None, :]
-               + 2.0 * a[ei][:, :, None] * a[ej][:, None, :] * G)
-        empty = size[:, None, None] + a[ei][:, :, None] + a[ej][:, None, :] == 0
-        return jnp.where(empty, 0.0, out)
-
-    return (S, s, a), (q(0, 0), q(1, 0), q(1, 1))
+def _double_flip_sq(sq, s, G, a, size):
+    """‖S + a_i u_i + a_j u_j‖² `(K, n, n)` from ‖S‖² `(K,)`, s = U S `(K, n)`, G = U Uᵀ and
+    the flip coefficients a = 1 − 2b `(K, n)` (0 for non-players); exactly 0 where the
+    coalition B ⊕ {i, j} is empty (the expansion leaves round-off at the norm's kink)."""
+    t = jnp.diagonal(G) + 2.0 * a * s  # a² = 1 for players
+    out = (sq[:, None, None] + t[:, :, None] + t[:, None, :]
+           + 2.0 * a[:, :, None] * a[:, None, :] * G)
+    empty = size[:, None, None] + a[:, :, None] + a[:, None, :] == 0
+    return jnp.where(empty, 0.0, out)
 
 
 @jax.custom_vjp
-def _norm_pair_deltas(f, U, bf, pf):
-    """Δ_ij(B_k ∖ {i, j}) of the game f(‖Σ_C u‖) for every draw k and pair (i, j):
-    `(K, n, n)`, symmetric in (i, j), from draws `bf (K, n)` (0/1 floats) and players `pf
-    (n,)`. A custom VJP: the reverse pass is a handful of fused reductions over the (K, n, n)
-    arrays (the generic reverse pass of the expansion materialised many, 10x the forward)."""
-    fn = _NONLINEARITIES[f.value]
-    _, (q00, q10, q11) = _pair_terms(U, bf, pf)
-    v10 = fn(_safe_sqrt(q10))
-    return fn(_safe_sqrt(q11)) - v10 - jnp.swapaxes(v10, -1, -2) + fn(_safe_sqrt(q00))
+def _double_flip_values(f, sq, s, G, a, size):
+    """v(B ⊕ {i, j}) `(K, n, n)` of the game f(‖Σ_C u‖) for every draw and pair (see
+    `_double_flip_sq`). A custom VJP: its reverse pass is one fused elementwise pass and
+    three reductions over the (K, n, n) array; autodiff's was ~10x the forward."""
+    return _NONLINEARITIES[f.value](_safe_sqrt(_double_flip_sq(sq, s, G, a, size)))
 
 
-def _norm_pair_deltas_fwd(f, U, bf, pf):
-    return _norm_pair_deltas(f, U, bf, pf), (f, U, bf, pf)
+def _double_flip_fwd(f, sq, s, G, a, size):
+    return _double_flip_values(f, sq, s, G, a, size), (f, sq, s, G, a, size)
 
 
-def _norm_pair_deltas_bwd(res, C):
-    f, U, bf, pf = res
-    df = _NONLINEARITY_GRADS[f.value]
-    (S, s, a), qs = _pair_terms(U, bf, pf)
-    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))  # Δ is symmetric: only C's symmetric part acts
-
-    def slope(q):  # d f(√q) / dq, 0 where q = 0 (as the safe sqrt's gradient)
-        pos = q > 0
-        r = jnp.sqrt(jnp.where(pos, q, 1.0))
-        return jnp.where(pos, df(r) / (2.0 * r), 0.0)
-
-    # (weight w = ∂L/∂q, a_i, a_j, multiplicity): q₀₁ = q₁₀ᵀ counts twice after
-    # symmetrising C (its contributions are the transposes of q₁₀'s)
-    terms = ((C * slope(qs[0]), a[0], a[0], 1.0), (-C * slope(qs[1]), a[1], a[0], 2.0),
-             (C * slope(qs[2]), a[1], a[1], 1.0))
-    # q₀₀, q₁₁ and C are symmetric in (i, j), so their w's column sums are the row sums
-    d_sq, d_s, d_g = 0.0, 0.0, 0.0
-    for w, ai, aj, mult in terms:
-        rows = jnp.sum(w, axis=-1)  # (K, n): Σ_j w_kij
-        cols = rows if ai is aj else jnp.sum(w, axis=-2)  # (K, n): Σ_i w_kij
-        d_sq = d_sq + mult * jnp.sum(rows, axis=-1)
-        d_s = d_s + mult * 2.0 * (ai * rows + aj * cols)
-        d_g = d_g + mult * _draw_sum(ai * ai * rows + aj * aj * cols)
-    d_G = 2.0 * _draw_sum(sum(mult * w * ai[:, :, None] * aj[:, None, :]
-                              for w, ai, aj, mult in terms))
-    d_S = 2.0 * d_sq[:, None] * S + mm(d_s, U)  # (K, d)
-    d_U = (mm(bf.T, d_S) + mm(d_s.T, S) + mm(d_G + d_G.T, U) + 2.0 * d_g[:, None] * U)
-    return None, d_U, jnp.zeros_like(bf), jnp.zeros_like(pf)
+def _double_flip_bwd(res, C):
+    f, sq, s, G, a, size = res
+    # q is symmetric in (i, j): only the symmetric part of the cotangent acts
+    w = 0.5 * (C + jnp.swapaxes(C, -1, -2)) * _slope(f.value, _double_flip_sq(sq, s, G, a, size))
+    rows = jnp.sum(w, axis=-1)  # (K, n) = the column sums (w is symmetric)
+    d_sq = jnp.sum(rows, axis=-1)
+    d_s = 4.0 * a * rows
+    d_G = 2.0 * _draw_sum(w * a[:, :, None] * a[:, None, :])
+    d_G = d_G + jnp.diag(2.0 * jnp.sum(rows, axis=0))  # the g_i + g_j terms
+    return None, d_sq, d_s, d_G, jnp.zeros_like(a), jnp.zeros_like(size)
 
 
-_norm_pair_deltas.defvjp(_norm_pair_deltas_fwd, _norm_pair_deltas_bwd)
+_double_flip_values.defvjp(_double_flip_fwd, _double_flip_bwd)
 
 
 class _Static(eqx.Module):
@@ -622,11 +592,12 @@ def interactions_mc(
     through Δ_ij(B ∖ {i, j}).
 
     For a generic v the 4 masks of every pair are evaluated in one batched call (K·n²·4
-    evaluations, masks `(K, n, n, 4, n)`). For a `NormGame` the four squared norms of all
-    pairs come from (K, n, n) arrays: with S = Σ_{k∈B} u_k, s = U S, G = U Uᵀ and
-    a = ε − b (ε ∈ {0, 1} the target membership, b that in B),
-    ‖S + a_i u_i + a_j u_j‖² = ‖S‖² + a_i² G_ii + a_j² G_jj + 2a_i s_i + 2a_j s_j
-    + 2a_i a_j G_ij. Cost O(K n (n + d)).
+    evaluations, masks `(K, n, n, 4, n)`). For a `NormGame`, with σ_i = +1 for i ∈ B and −1
+    otherwise, Δ_ij(B ∖ {i, j}) = σ_i σ_j [v(B) − v(B ⊕ i) − v(B ⊕ j) + v(B ⊕ {i, j})]
+    (⊕ toggles membership), so the K·n single flips are shared by all pairs and only the
+    double flips form a (K, n, n) array, through Gram expansions: with S = Σ_{k∈B} u_k,
+    s = U S, G = U Uᵀ, ‖S + σ'_i u_i + σ'_j u_j‖² = ‖S‖² + G_ii + G_jj + 2σ'_i s_i
+    + 2σ'_j s_j + 2σ'_i σ'_j G_ij with σ' = −σ. Cost O(K n (n + d)).
 
     **Arguments:** as `shapley_mc`.
 
@@ -639,8 +610,19 @@ def interactions_mc(
     b = jax.random.bernoulli(key, 0.5, (K, n)) & players
     if isinstance(v, NormGame):
         _check_game_size("interactions_mc", v, n)
+        # Δ_ij(B ∖ {i, j}) = σ_i σ_j [v(B) − v(B ⊕ i) − v(B ⊕ j) + v(B ⊕ {i, j})] with
+        # σ = +1 in B, −1 outside (check the four memberships of i, j): v(B) and v(B ⊕ i)
+        # are O(K n), only v(B ⊕ {i, j}) needs a (K, n, n) array.
         U = v.vectors
-        delta = _norm_pair_deltas(_Static(v.f), U, b.astype(U.dtype), players.astype(U.dtype))
+        bf = b.astype(U.dtype)
+        S = mm(bf, U)
+        sq, s = jnp.sum(S * S, axis=-1), mm(S, U.T)
+        a = (1.0 - 2.0 * bf) * players.astype(U.dtype)
+        v_b, v_i = _flip_values(v, b, players)
+        v_ij = _double_flip_values(_Static(v.f), sq, s, v._gram(), a,
+                                   jnp.sum(bf, axis=-1))
+        delta = (a[:, :, None] * a[:, None, :]
+                 * (v_b[:, None, None] - v_i[:, :, None] - v_i[:, None, :] + v_ij))
     else:
         eye = jnp.eye(n, dtype=bool)
         base = b[:, None, None, :] & ~eye[None, :, None, :] & ~eye[None, None, :, :]
