@@ -17,8 +17,10 @@ encoder, mean field), `ngt` (the paper's architecture: a softmax encoder and the
 game head, Monte Carlo estimators, unrolled adjoint as the paper), `ngt_implicit` (the same
 with the implicit adjoint), its ablations `ngt_lambda1` (λ ≡ 1: Shapley only),
 `ngt_lambda0` (λ ≡ 0: Banzhaf only), `ngt_noJ` (no J_ij), `ngt_paper` (Algorithm 1's
-Gibbs-weighted estimators), `ngt_exact` (exact values; only when the sequences have at most
-16 slots), and `ngt_query` (this project's extension: per-query NGT games in the encoder).
+Gibbs-weighted estimators), the estimator study `short_mc`, `short_paper`, `short_exact`
+(Monte Carlo, Algorithm 1 and exact values on the task without word order, whose pairs fit in
+13 slots, so that 2^13 coalitions can be enumerated; gaps paired to `short_mc`), and
+`ngt_query` (this project's extension: per-query NGT games in the encoder).
 
 `report` writes `--results` (default `experiments/results/ngt`): `nli.md` (test accuracy
 mean ± std over seeds, paired gaps to softmax with 95% intervals, solver failures and time
@@ -46,6 +48,9 @@ BASE = ROOT / "configs/nli_softmax.yaml"
 # The NGT variants pin the unrolled adjoint (backpropagation through the Picard iterations, as
 # the paper's code); `ngt_implicit` is the same model with the library's default implicit one.
 _NGT = {"model.pool": "ngt", "model.neurogame.adjoint": "unrolled"}
+_SHORT = {"data.phenomena": "negation,quantifier,lexical", "data.seq_len": 13}
+# the variant each one's gap is paired to (default: softmax)
+REFERENCE = {"short_paper": "short_mc", "short_exact": "short_mc"}
 VARIANTS = {
     "softmax": ({}, "softmax encoder, mean pool"),
     # 300 mean-field steps: with the default 100, one query's mean field on seed 2 ran out of
@@ -65,8 +70,13 @@ VARIANTS = {
     "ngt_noJ": ({**_NGT, "model.neurogame.interactions": False}, "NGT head, no J_ij"),
     "ngt_paper": ({**_NGT, "model.neurogame.estimator": "paper"},
                   "NGT head, Algorithm 1 estimators"),
-    "ngt_exact": ({**_NGT, "model.neurogame.estimator": "exact"},
-                  "NGT head, exact values"),
+    # the estimator study: exact values enumerate 2^T coalitions, so it runs on the pairs
+    # without word order (every pair fits in 13 slots); gaps are paired to short_mc
+    "short_mc": ({**_SHORT, **_NGT}, "NGT head (mc), 13-slot task without word order"),
+    "short_paper": ({**_SHORT, **_NGT, "model.neurogame.estimator": "paper"},
+                    "NGT head (Algorithm 1 estimators), 13-slot task"),
+    "short_exact": ({**_SHORT, **_NGT, "model.neurogame.estimator": "exact"},
+                    "NGT head (exact values), 13-slot task"),
     "ngt_query": ({"model.attention": "neurogame", "model.neurogame.mode": "query",
                    "model.neurogame.adjoint": "unrolled"},
                   "NGT per-query games in the encoder (extension), mean pool"),
@@ -93,7 +103,8 @@ def config_for(variant: str, seed: int, quick: bool, steps=None):
 
 def usable(variant: str, cfg) -> bool:
     """Exact values enumerate 2^(slots) coalitions: only for sequences of <= 16 slots."""
-    return variant != "ngt_exact" or cfg.data.seq_len <= sf.spins.coalitions.MAX_EXACT
+    exact = cfg.model.pool == "ngt" and cfg.model.neurogame.estimator == "exact"
+    return not exact or cfg.data.seq_len <= sf.spins.coalitions.MAX_EXACT
 
 
 def plan(variants, seeds):
@@ -119,10 +130,18 @@ def cmd_run(args):
                   f"{cfg.data.seq_len})", flush=True)
             continue
         out = runs / f"{variant}_s{seed}"
-        if (out / "test.json").exists():
+        if (out / "test.json").exists() or (out / "failed.json").exists():
             continue
         t0 = time.time()
-        summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
+        try:
+            summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
+        except Exception as e:  # a solver that raised (throw=True) ends this run, not the sweep
+            last = _last_step(out)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            (out / "failed.json").write_text(json.dumps(
+                {"error": type(e).__name__, "message": msg, "last_logged_step": last}, indent=2))
+            print(f"{variant} seed {seed}: FAILED after step {last}: {msg}", flush=True)
+            continue
         test = _test_metrics(out, cfg, args.quick)
         test["wall_time_s"] = summary.get("wall_time_s")
         test["time_per_step_s"] = (summary.get("wall_time_s") or 0) / max(summary["steps"], 1)
@@ -141,6 +160,25 @@ def load_model(run_dir):
     if got is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to load.")
     return cfg, dataset, got[1]
+
+
+def _last_step(run_dir: pathlib.Path):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    steps = [json.loads(line).get("step") for line in path.read_text().splitlines() if line]
+    return max((x for x in steps if x is not None), default=None)
+
+
+def _failures(runs: pathlib.Path):
+    """{variant: [(seed, last logged step, message)]} of the runs that raised."""
+    out = {}
+    for p in sorted(runs.glob("*_s*/failed.json")):
+        variant, seed = p.parent.name.rsplit("_s", 1)
+        f = json.loads(p.read_text())
+        out.setdefault(variant, []).append((int(seed), f.get("last_logged_step"),
+                                            f.get("message", "")))
+    return out
 
 
 def _load(runs: pathlib.Path):
@@ -176,14 +214,16 @@ def cmd_report(args):
         f"{base_cfg.data.batch_size}); every variant changes only what its row says. Test "
         f"accuracy on {TEST_BATCHES} batches of the held-out test split (words and templates "
         "never seen in training). Gaps are paired by seed (same data order and seed) with "
-        "95% t-intervals.",
+        "95% t-intervals, to softmax unless the row says otherwise (the `short_*` rows run on "
+        "the 13-slot task without word order and are paired to `short_mc`).",
         "",
-        "| variant | what | seeds | test accuracy (mean ± std) | gap to softmax [95% CI] | "
+        "| variant | what | seeds | test accuracy (mean ± std) | gap [95% CI] | "
         "val accuracy | head solver failures | s/step |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    base = {s: r["test"]["accuracy"] for (v, s), r in rows.items() if v == "softmax"}
     for variant, (_, label) in VARIANTS.items():
+        ref = REFERENCE.get(variant, "softmax")
+        base = {s: r["test"]["accuracy"] for (v, s), r in rows.items() if v == ref}
         got = {s: r for (v, s), r in rows.items() if v == variant}
         if not got:
             continue
@@ -191,8 +231,9 @@ def cmd_report(args):
         val = [r["summary"]["metrics"]["accuracy"] for r in got.values()]
         gaps = [got[s]["test"]["accuracy"] - base[s] for s in got if s in base]
         g, h = _ci(gaps)
-        gap = "—" if variant == "softmax" else f"{100 * g:+.1f} [{100 * (g - h):+.1f}, " \
-                                                f"{100 * (g + h):+.1f}] (n={len(gaps)})"
+        gap = "—" if variant == ref or not gaps else (
+            f"{100 * g:+.1f} [{100 * (g - h):+.1f}, {100 * (g + h):+.1f}] (n={len(gaps)})"
+            + ("" if ref == "softmax" else f" vs {ref}"))
         fails = [r["summary"]["metrics"].get("head_solver_failures",
                                              r["summary"]["metrics"].get("solver_failures"))
                  for r in got.values()]
@@ -202,6 +243,13 @@ def cmd_report(args):
             f"| {variant} | {label} | {len(acc)} | {100 * np.mean(acc):.1f} ± "
             f"{100 * np.std(acc):.1f} | {gap} | {100 * np.mean(val):.1f} | "
             f"{'—' if not fails else f'{np.mean(fails):.3f}'} | {step_t:.3f} |")
+    failures = _failures(runs)
+    if failures:
+        lines += ["", "Runs that stopped because a solver raised (not in the table; their seeds "
+                  "are missing from that variant's paired gaps):", ""]
+        for variant, items in failures.items():
+            for seed, step, msg in items:
+                lines.append(f"- `{variant}` seed {seed}, after logged step {step}: {msg}")
     (results / "nli.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     ngt_runs = sorted(p.parent for p in runs.glob("ngt_s*/test.json"))

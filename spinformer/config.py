@@ -77,6 +77,9 @@ class DataConfig:
                           "(difficulty; labels unchanged)")
     held_out: bool = _f(True, "nli only: val/test use words and templates never seen in "
                         "training")
+    phenomena: str = _f("negation,quantifier,order,lexical", "nli only: comma-separated "
+                        "phenomena the pairs test (negation, quantifier, order, lexical); "
+                        "without order every pair fits in 13 tokens")
     max_vocab: int = _f(20000, "snli only: the most frequent training words kept (others "
                         "become [UNK])")
     max_examples: Optional[int] = _f(None, "snli only: use only the first max_examples "

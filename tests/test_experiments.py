@@ -5,7 +5,8 @@ import pathlib
 
 import pytest
 
-from spinformer.config import load_config
+import spinformer as sf
+from spinformer.config import ConfigError, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -78,9 +79,18 @@ def test_ngt_nli_plan_and_configs():
         assert cfg.train.seed == cfg.data.seed == 3
         assert (cfg.model.dim, cfg.train.steps, cfg.data.task) == (
             base.model.dim, base.train.steps, base.data.task)  # equal width and budget
+        if name.startswith("ngt") or name.startswith("short"):
+            assert cfg.model.neurogame.adjoint == (
+                "implicit" if name == "ngt_implicit" else "unrolled")
     assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
     assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"
-    assert not ngt.usable("ngt_exact", base)  # 32 slots > 16: exact values refused
+    short = ngt.config_for("short_exact", 0, False)
+    assert short.data.seq_len == 13 and short.model.neurogame.estimator == "exact"
+    assert ngt.usable("short_exact", short)
+    assert not ngt.usable("short_exact", short.replace({"data.seq_len": 32}))  # > 16 slots
+    assert sf.train.build_dataset(short).seq_len == 13  # every pair of the subset fits
+    with pytest.raises(ConfigError, match="seq_len"):  # word order needs 17 slots
+        sf.train.build_dataset(base.replace({"data.seq_len": 13}))
 
 
 @pytest.mark.slow

@@ -349,6 +349,8 @@ def test_errors_and_config():
     assert np.any(np.asarray(d.solver.result) != solvers.RESULTS.successful)
     with pytest.raises(ValueError, match="damping"):
         make(damping=1.0)
+    # strongly typed: a weak type turns strong after the first update and recompiles the step
+    assert not make().log_gamma.weak_type
     cfg = C.load_config(None, ["model.attention=neurogame", "model.neurogame.estimator=paper",
                                "model.neurogame.adjoint=unrolled", "model.dim=8",
                                "model.num_heads=2"])

@@ -295,7 +295,9 @@ class NeuroGameAttention(eqx.Module):
         self.to_v = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kv)
         self.to_out = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=ko)
         self.gate_proj = eqx.nn.Linear(dim, num_heads, key=kg)
-        self.log_gamma = jnp.full((num_heads,), math.log(gamma))
+        # a strongly typed float array: a weakly typed one turns strong after the first
+        # optimizer update, and the training step compiles again
+        self.log_gamma = jnp.full((num_heads,), math.log(gamma), dtype=jnp.result_type(float))
         self.solver = solver
         self.adjoint = solvers.record_backward(adjoint)
         self.dim, self.num_heads, self.causal = dim, num_heads, causal

@@ -25,8 +25,13 @@ def build_dataset(cfg: "_config.Config"):
             val_fraction=d.val_fraction, max_chars=d.max_chars,
         )
     if d.task == "nli":
-        return _data.GeneratedNLI(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
-                                  distractors=d.distractors, held_out=d.held_out)
+        phenomena = tuple(x.strip() for x in d.phenomena.split(",") if x.strip())
+        try:
+            return _data.GeneratedNLI(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
+                                      distractors=d.distractors, held_out=d.held_out,
+                                      phenomena=phenomena)
+        except ValueError as e:
+            raise _config.ConfigError(f"data (task nli): {e}") from None
     if d.task == "snli":
         return _data.NLIFile.from_path(d.path, seq_len=d.seq_len, batch_size=d.batch_size,
                                        seed=d.seed, max_vocab=d.max_vocab,
