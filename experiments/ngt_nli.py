@@ -50,7 +50,7 @@ BASE = ROOT / "configs/nli_softmax.yaml"
 _NGT = {"model.pool": "ngt", "model.neurogame.adjoint": "unrolled"}
 _SHORT = {"data.phenomena": "negation,quantifier,lexical", "data.seq_len": 13}
 # the variant each one's gap is paired to (default: softmax)
-REFERENCE = {"short_paper": "short_mc", "short_exact": "short_mc"}
+REFERENCE = {"short_mc": "short_mc", "short_paper": "short_mc", "short_exact": "short_mc"}
 VARIANTS = {
     "softmax": ({}, "softmax encoder, mean pool"),
     # 300 mean-field steps: with the default 100, one query's mean field on seed 2 ran out of
@@ -59,7 +59,7 @@ VARIANTS = {
     "boltzmann": ({"model.attention": "boltzmann", "model.boltzmann.mode": "hJ",
                    "model.boltzmann.inference": "mean_field",
                    "model.boltzmann.max_steps": 300},
-                  "Boltzmann h+J encoder (mean field), mean pool"),
+                  "Boltzmann h+J encoder (mean field, ≤ 300 steps), mean pool"),
     "ngt": (_NGT, "softmax encoder + NGT pooled head (mc)"),
     "ngt_implicit": ({**_NGT, "model.neurogame.adjoint": "implicit"},
                      "NGT head, implicit adjoint"),
@@ -137,7 +137,10 @@ def cmd_run(args):
             summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
         except Exception as e:  # a solver that raised (throw=True) ends this run, not the sweep
             last = _last_step(out)
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+            msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
+                       lines[-1] if lines else type(e).__name__)
+            msg = msg.split("EquinoxRuntimeError: ")[-1]
             (out / "failed.json").write_text(json.dumps(
                 {"error": type(e).__name__, "message": msg, "last_logged_step": last}, indent=2))
             print(f"{variant} seed {seed}: FAILED after step {last}: {msg}", flush=True)
@@ -199,9 +202,15 @@ def _ci(values):
 
 
 def cmd_report(args):
-    runs, results = pathlib.Path(args.runs), pathlib.Path(args.results)
+    dirs = [pathlib.Path(d) for d in args.runs.split(",")]  # several sweeps may be merged
+    results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    rows = _load(runs)
+    rows, failures = {}, {}
+    for d in dirs:
+        rows.update(_load(d))
+        for k, v in _failures(d).items():
+            failures.setdefault(k, []).extend(v)
+    runs = dirs[0]
     if not rows:
         raise SystemExit(f"no finished runs under {runs}; run `ngt_nli.py run` first.")
     base_cfg = sf.config.load_config(BASE)
@@ -210,7 +219,7 @@ def cmd_report(args):
         "",
         f"Base config `configs/nli_softmax.yaml` (task `{base_cfg.data.task}`, seq_len "
         f"{base_cfg.data.seq_len}, width {base_cfg.model.dim}, depth {base_cfg.model.depth}, "
-        f"{base_cfg.model.num_heads} heads, {base_cfg.train.steps} steps of batch "
+        f"{base_cfg.model.num_heads} heads, batch "
         f"{base_cfg.data.batch_size}); every variant changes only what its row says. Test "
         f"accuracy on {TEST_BATCHES} batches of the held-out test split (words and templates "
         "never seen in training). Gaps are paired by seed (same data order and seed) with "
@@ -218,8 +227,8 @@ def cmd_report(args):
         "the 13-slot task without word order and are paired to `short_mc`).",
         "",
         "| variant | what | seeds | test accuracy (mean ± std) | gap [95% CI] | "
-        "val accuracy | head solver failures | s/step |",
-        "|---|---|---|---|---|---|---|---|",
+        "val accuracy | head solver failures | steps | s/step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, (_, label) in VARIANTS.items():
         ref = REFERENCE.get(variant, "softmax")
@@ -231,19 +240,21 @@ def cmd_report(args):
         val = [r["summary"]["metrics"]["accuracy"] for r in got.values()]
         gaps = [got[s]["test"]["accuracy"] - base[s] for s in got if s in base]
         g, h = _ci(gaps)
+        interval = (f" [{100 * (g - h):+.1f}, {100 * (g + h):+.1f}]" if len(gaps) > 1
+                    else "")
         gap = "—" if variant == ref or not gaps else (
-            f"{100 * g:+.1f} [{100 * (g - h):+.1f}, {100 * (g + h):+.1f}] (n={len(gaps)})"
+            f"{100 * g:+.1f}{interval} (n={len(gaps)})"
             + ("" if ref == "softmax" else f" vs {ref}"))
         fails = [r["summary"]["metrics"].get("head_solver_failures",
                                              r["summary"]["metrics"].get("solver_failures"))
                  for r in got.values()]
         fails = [f for f in fails if f is not None]
         step_t = np.mean([r["test"].get("time_per_step_s") or np.nan for r in got.values()])
+        steps = "/".join(str(x) for x in sorted({r["summary"]["steps"] for r in got.values()}))
         lines.append(
             f"| {variant} | {label} | {len(acc)} | {100 * np.mean(acc):.1f} ± "
             f"{100 * np.std(acc):.1f} | {gap} | {100 * np.mean(val):.1f} | "
-            f"{'—' if not fails else f'{np.mean(fails):.3f}'} | {step_t:.3f} |")
-    failures = _failures(runs)
+            f"{'—' if not fails else f'{np.mean(fails):.3f}'} | {steps} | {step_t:.3f} |")
     if failures:
         lines += ["", "Runs that stopped because a solver raised (not in the table; their seeds "
                   "are missing from that variant's paired gaps):", ""]
@@ -322,7 +333,8 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=5, help="seeds per variant")
     p.add_argument("--variants", default=None, help="comma-separated subset of the variants")
     p.add_argument("--steps", type=int, default=None, help="override train.steps")
-    p.add_argument("--runs", default=str(ROOT / "runs/ngt_nli"))
+    p.add_argument("--runs", default=str(ROOT / "runs/ngt_nli"),
+                   help="run directory (report: several, comma-separated, are merged)")
     p.add_argument("--results", default=str(ROOT / "experiments/results/ngt"))
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test only")
     args = p.parse_args(argv)
