@@ -436,8 +436,9 @@ def bench_cost(rep, sizes, d, num_games, K, repeats):
              "K·(4n + 4·n(n−1)/2) evaluations (each pair draw needs its own coalition sum, "
              "O(K n³ d)). The shared-draw estimators draw K permutations (K·(n+1) prefix "
              "values), K coalitions for all the Banzhaf indices (K·(n+1) values) and K "
-             "coalitions for all pairs (the 4 values of every pair through Gram expansions, "
-             "O(K n²)): 3K coalition sums in all. "
+             "coalitions for all pairs (Δ_ij = σ_iσ_j[v(B) − v(B⊕i) − v(B⊕j) + v(B⊕ij)]: "
+             "the single flips are O(K n), the double flips a (K, n, n) array through Gram "
+             "expansions, O(K n²)): 3K coalition sums in all. "
              + ratio_header("Algorithm 1", "shared") + ".")
     rows = []
     out = {}
