@@ -565,13 +565,12 @@ def _double_flip_fwd(f, sq, s, G, a, size):
 
 def _double_flip_bwd(res, C):
     f, sq, s, G, a, size = res
-    # q is symmetric in (i, j): only the symmetric part of the cotangent acts
-    w = 0.5 * (C + jnp.swapaxes(C, -1, -2)) * _slope(f.value, _double_flip_sq(sq, s, G, a, size))
-    rows = jnp.sum(w, axis=-1)  # (K, n) = the column sums (w is symmetric)
+    w = C * _slope(f.value, _double_flip_sq(sq, s, G, a, size))  # ∂L/∂q, (K, n, n)
+    rows, cols = jnp.sum(w, axis=-1), jnp.sum(w, axis=-2)  # (K, n) each
     d_sq = jnp.sum(rows, axis=-1)
-    d_s = 4.0 * a * rows
+    d_s = 2.0 * a * (rows + cols)
     d_G = 2.0 * _draw_sum(w * a[:, :, None] * a[:, None, :])
-    d_G = d_G + jnp.diag(2.0 * jnp.sum(rows, axis=0))  # the g_i + g_j terms
+    d_G = d_G + jnp.diag(jnp.sum(rows + cols, axis=0))  # the g_i + g_j terms
     return None, d_sq, d_s, d_G, jnp.zeros_like(a), jnp.zeros_like(size)
 
 
