@@ -47,10 +47,12 @@ by design; (2) a game whose forward mean field did not converge (1–4 % of the 
 batch at initialisation) has no fixed point to differentiate, and the backward solve of such
 a game failed too. Now a non-converged game passes no gradient through ⟨s⟩ (its α is used
 as computed in the forward pass, and it is counted in `solver_failures`), and the adjoint
-tolerance is the forward's. Measured on the first
-6 training batches of `configs/ngt_nli.yaml` (128 games each): GMRES(restart=5) still failed
-on 4 of 6 batches at tol 1e-4 (mean 30 matrix–vector products per solve) where Anderson
-succeeded on all with 4.2 products per solve.
+tolerance is the forward's. Measured on the first 6 training batches of
+`configs/ngt_nli.yaml` (128 games each): GMRES(restart=5) still failed on 4 of 6 batches at
+tol 1e-4 (mean 30 matrix–vector products per solve) where Anderson succeeded on all with 4.2
+products per solve. (Open: GMRES solved every one of batch 2's systems when given the
+explicit matrices I − diag(β(1 − m²))J, vmapped, in 8 products on average; its failures
+come with the vector–Jacobian-product matvec.)
 
 **Normalisation of α (this project's choice).** The paper's output Σ_i α_i V_i is not
 normalised: Σ_i α_i is the expected number of active tokens (its eq. 14), so the output
