@@ -483,19 +483,32 @@ def _check_game_size(name, game: NormGame, n):
         )
 
 
-def _flip_values(game: NormGame, b, players):
-    """For coalitions b `(..., n)`: v(b) `(...)` and v(b with player i toggled) `(..., n)`
-    through ‖S + a u_i‖² = ‖S‖² + a² G_ii + 2a (U S)_i, a = ±1 (0 for non-players)."""
+class _Flips(NamedTuple):
+    """Gram-expansion pieces of coalitions b `(K, n)`: ‖S‖² `(K,)`, s = U S `(K, n)`, the
+    flip coefficients a = 1 − 2b (0 for non-players) and the sizes |b| `(K,)`."""
+
+    sq: Array
+    s: Array
+    a: Array
+    size: Array
+
+
+def _flips(game: NormGame, b, players) -> _Flips:
     U = game.vectors
     bf = b.astype(U.dtype)
     S = mm(bf, U)
-    sq = jnp.sum(S * S, axis=-1)
-    s = mm(S, U.T)
-    a = (1.0 - 2.0 * bf) * players.astype(U.dtype)
-    sq_flip = sq[..., None] + a * a * jnp.sum(U * U, axis=-1) + 2.0 * a * s
+    return _Flips(jnp.sum(S * S, axis=-1), mm(S, U.T),
+                  (1.0 - 2.0 * bf) * players.astype(U.dtype), jnp.sum(bf, axis=-1))
+
+
+def _flip_values(game: NormGame, fl: _Flips):
+    """v(b) `(K,)` and v(b with player i toggled) `(K, n)` through
+    ‖S + a u_i‖² = ‖S‖² + a² G_ii + 2a (U S)_i, a = ±1 (0 for non-players)."""
+    U = game.vectors
+    sq_flip = fl.sq[..., None] + fl.a * fl.a * jnp.sum(U * U, axis=-1) + 2.0 * fl.a * fl.s
     # the empty coalition exactly (the expansion leaves round-off where the norm has a kink)
-    empty = jnp.sum(bf, axis=-1, keepdims=True) + a == 0
-    return game._from_sq(sq), game._from_sq(jnp.where(empty, 0.0, sq_flip))
+    empty = fl.size[..., None] + fl.a == 0
+    return game._from_sq(fl.sq), game._from_sq(jnp.where(empty, 0.0, sq_flip))
 
 
 def banzhaf_mc(
@@ -516,7 +529,7 @@ def banzhaf_mc(
     b = jax.random.bernoulli(key, 0.5, (K, n)) & players
     if isinstance(v, NormGame):
         _check_game_size("banzhaf_mc", v, n)
-        v_b, v_flip = _flip_values(v, b, players)
+        v_b, v_flip = _flip_values(v, _flips(v, b, players))
     else:
         flips = (b[:, None, :] ^ jnp.eye(n, dtype=bool)) & players  # (K, n, n)
         masks = jnp.concatenate([b[:, None, :], flips], axis=1)
@@ -612,14 +625,10 @@ def interactions_mc(
         # Δ_ij(B ∖ {i, j}) = σ_i σ_j [v(B) − v(B ⊕ i) − v(B ⊕ j) + v(B ⊕ {i, j})] with
         # σ = +1 in B, −1 outside (check the four memberships of i, j): v(B) and v(B ⊕ i)
         # are O(K n), only v(B ⊕ {i, j}) needs a (K, n, n) array.
-        U = v.vectors
-        bf = b.astype(U.dtype)
-        S = mm(bf, U)
-        sq, s = jnp.sum(S * S, axis=-1), mm(S, U.T)
-        a = (1.0 - 2.0 * bf) * players.astype(U.dtype)
-        v_b, v_i = _flip_values(v, b, players)
-        v_ij = _double_flip_values(_Static(v.f), sq, s, v._gram(), a,
-                                   jnp.sum(bf, axis=-1))
+        fl = _flips(v, b, players)
+        v_b, v_i = _flip_values(v, fl)
+        v_ij = _double_flip_values(_Static(v.f), fl.sq, fl.s, v._gram(), fl.a, fl.size)
+        a = fl.a
         delta = (a[:, :, None] * a[:, None, :]
                  * (v_b[:, None, None] - v_i[:, :, None] - v_i[:, None, :] + v_ij))
     else:
