@@ -63,12 +63,16 @@ def _need(cond: bool, message: str) -> None:
 class DataConfig:
     task: str = _f("brackets", "which dataset: brackets (Dyck-1 matching), chars "
                    "(character-level language modelling), nli (generated natural language "
-                   "inference) or snli (SNLI/MNLI JSON-lines files at data.path)",
-                   ("brackets", "chars", "nli", "snli"))
+                   "inference), snli (SNLI/MNLI JSON-lines files at data.path), fashion_mnist "
+                   "(IDX files; the Debian package dataset-fashion-mnist or data.path) or "
+                   "digits (scikit-learn's 8x8 digits)",
+                   ("brackets", "chars", "nli", "snli", "fashion_mnist", "digits"))
     seq_len: int = _f(12, "sequence length T (tokens per example)")
     batch_size: int = _f(32, "examples per training batch")
-    path: str = _f("shakespeare", "chars only: a text file, or a fetched dataset name "
-                   "(`spinformer data fetch shakespeare`)")
+    path: str = _f("shakespeare", "chars: a text file, or a fetched dataset name "
+                   "(`spinformer data fetch shakespeare`); snli: the data directory; "
+                   "fashion_mnist: a directory of MNIST-format IDX files (the default value "
+                   "means the Debian package's /usr/share/datasets/fashion-mnist)")
     max_chars: Optional[int] = _f(None, "chars only: use only the first max_chars characters "
                                   "of the text (null: all)")
     val_fraction: float = _f(0.1, "chars only: the last fraction of the text held out for "
@@ -84,6 +88,10 @@ class DataConfig:
                         "become [UNK])")
     max_examples: Optional[int] = _f(None, "snli only: use only the first max_examples "
                                      "training pairs (null: all)")
+    val_size: int = _f(5000, "fashion_mnist only: the last val_size training images are "
+                       "held out for validation (the test split is the t10k file)")
+    max_train: Optional[int] = _f(None, "images only: use only the first max_train training "
+                                  "images (null: all)")
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
 
@@ -116,6 +124,15 @@ def _model_fields():
                          "becomes one vector: mean (of the tokens), cls (first token) or ngt "
                          "(the NeuroGame paper's pooled game head, options from "
                          "model.neurogame)", ("mean", "cls", "ngt"))),
+        ("embed", str, _f("conv", "images only: conv (two conv+pool stages to a grid of "
+                          "sites, as in the Deep Implicit Attention post; images >= 16x16) or "
+                          "patch (linear embedding of patch x patch patches)", ("conv", "patch"))),
+        ("patch", int, _f(4, "images, embed=patch only: patch side in pixels")),
+        ("conv_channels", int, _f(32, "images, embed=conv only: channels of the convolutions")),
+        ("residual", bool, _f(True, "images only: wrap each attention in a pre-norm residual "
+                              "block with FFN (false: the attentions alone, one after the "
+                              "other, as a DEQ layer)")),
+        ("positions", bool, _f(True, "images only: learned position embedding of the sites")),
     ]
     for r in regs:
         if r.config is not None:
@@ -135,6 +152,9 @@ def _check_model(self):
                           f"{least}; got {self.dim // self.num_heads}.")
     if not 0.0 <= self.dropout < 1.0:
         raise ConfigError(f"dropout={self.dropout} must be in [0, 1).")
+    if self.patch < 1 or self.conv_channels < 1:
+        raise ConfigError(f"patch={self.patch} and conv_channels={self.conv_channels} must be "
+                          ">= 1.")
 
 
 def _make_model_config():

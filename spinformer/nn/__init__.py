@@ -16,7 +16,7 @@ A new attention is one module plus one config dataclass, registered with
 """
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
-from . import _softmax, _spin, _boltzmann, _neurogame  # noqa: F401, I001
+from . import _softmax, _spin, _boltzmann, _neurogame, _implicit  # noqa: F401, I001
 from ._block import Block as Block
 from ._block import FeedForward as FeedForward
 from ._boltzmann import BoltzmannAttention as BoltzmannAttention
@@ -24,6 +24,9 @@ from ._boltzmann import BoltzmannConfig as BoltzmannConfig
 from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import Stats as Stats
 from ._groups import param_labels as param_labels
+from ._image import ImageClassifier as ImageClassifier
+from ._implicit import ImplicitAttention as ImplicitAttention
+from ._implicit import ImplicitConfig as ImplicitConfig
 from ._masks import causal_mask as causal_mask
 from ._neurogame import NeuroGameAttention as NeuroGameAttention
 from ._neurogame import NeuroGameConfig as NeuroGameConfig
@@ -60,6 +63,9 @@ __all__ = [
     "Classifier",
     "Diagnostics",
     "FeedForward",
+    "ImageClassifier",
+    "ImplicitAttention",
+    "ImplicitConfig",
     "NeuroGameAttention",
     "NeuroGameConfig",
     "NeuroGameDiagnostics",

@@ -53,6 +53,10 @@ class Diagnostics(eqx.Module):
     - `fields`: the external fields of the spin model (shape per module).
     - `state`: `(n, d)`, the state to carry into the next call (`state=`).
     - `solver`: `Stats` of the fixed-point solves, or None if none were run.
+    - `penalty`: a scalar the trainer adds to the loss (e.g. the Jacobian regulariser of an
+      implicit layer), or None.
+    - `spectral_radius`: the spectral radius of the fixed-point map's Jacobian at the
+      solution (whether the fixed point attracts), or None when not computed.
     """
 
     weights: Optional[Float[Array, "h n s"]] = None
@@ -61,3 +65,5 @@ class Diagnostics(eqx.Module):
     fields: Optional[Array] = None
     state: Optional[Float[Array, "n d"]] = None
     solver: Optional[Stats] = None
+    penalty: Optional[Float[Array, ""]] = None
+    spectral_radius: Optional[Float[Array, ""]] = None

@@ -40,7 +40,8 @@ def build_dataset(cfg: "_config.Config"):
 
 
 def build_model(cfg: "_config.Config", dataset, *, key):
-    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, a
+    """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, an
+    `ImageClassifier` for images (`model.embed`, `model.residual`, ...), a
     `PairClassifier` for sentence pairs (`model.pool`; the NeuroGame pooled head takes its
     options from `model.neurogame`).
 
@@ -56,6 +57,13 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     )
 
     def make(k):
+        if dataset.kind == "image_classification":
+            return _nn.ImageClassifier(
+                tuple(dataset.image_shape), dataset.num_classes, dim=m.dim, depth=m.depth,
+                num_heads=m.num_heads, attention=reg.cls,
+                attention_kwargs=reg.kwargs_from(section), embed=m.embed, patch=m.patch,
+                conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
+                positions=m.positions, dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
             ngt = _nn.get_attention("neurogame")
             return _nn.PairClassifier(

@@ -40,6 +40,9 @@ def _diag_metrics(diag: Optional[Diagnostics]) -> dict[str, Array]:
         "solver_failures": failed.astype(jnp.float32),
     }
     out = {name: jnp.mean(v) for name, v in series.items()}
+    rho = getattr(diag, "spectral_radius", None)
+    if rho is not None:
+        out["spectral_radius"] = jnp.mean(rho)
     for name, v in series.items():
         if v.ndim >= 2:
             per_layer = jnp.mean(v, axis=(0, *range(2, v.ndim)))
@@ -76,15 +79,24 @@ def loss_fn(model, batch: dict[str, Array], key: Optional[Array] = None):
     - `batch`: `inputs (B, ...)`, `targets (B, ...)` int, `mask (B, ...)` float.
     - `key`: PRNG key for dropout (None: inference).
 
-    **Returns:** `(loss, metrics)` with `loss`, `accuracy` (masked means) and, for models that
-    report solver statistics, `solver_steps` and `solver_failures` overall and per layer
-    (`solver_steps/0`, `solver_failures/0`, ...).
+    **Returns:** `(loss, metrics)` with `loss` (the cross-entropy; the value returned also
+    includes any `penalty` the diagnostics carry, logged as `penalty`), `accuracy` (masked
+    means) and, for models that report solver statistics, `solver_steps` and
+    `solver_failures` overall and per layer (`solver_steps/0`, `solver_failures/0`, ...) and
+    the mean `spectral_radius` where the model estimates it.
     """
     logits, diag = _forward(model, batch["inputs"], key)
     nll, correct, count = _sums(logits, batch["targets"], batch["mask"])
     count = jnp.maximum(count, 1.0)
     loss = nll / count
     metrics = {"loss": loss, "accuracy": correct / count, **_all_diag_metrics(diag)}
+    penalty = getattr(diag, "penalty", None)
+    if penalty is not None:
+        # a regulariser the model asks for (e.g. the Jacobian penalty of an implicit layer):
+        # summed over layers, averaged over examples; `loss` stays the cross-entropy
+        reg = jnp.sum(penalty) / penalty.shape[0]
+        metrics["penalty"] = reg
+        return loss + reg, metrics
     return loss, metrics
 
 

@@ -1,0 +1,215 @@
+"""Image classification with any registered attention: a patch or convolutional embedding,
+a classification site, a stack of attention layers, a linear head on the classification site.
+
+The convolutional embedding follows the MNIST example of M. Bal, "Deep Implicit Attention"
+(2021): two 3×3 convolutions with ReLU and 3×3 max pooling of stride 2, which turn a 28×28
+image into a 4×4 grid of `conv_channels` features, 16 sites mapped linearly to the model
+width. The classification site is an extra site whose input is a learned vector shared by
+all examples (the post's "learnable input injection"); the model reads its output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._block import Block
+from ._registry import get_attention
+
+_EMBEDS = ("conv", "patch")
+
+
+def conv_grid(size: int) -> int:
+    """Side of the grid the convolutional embedding makes of a `size × size` image
+    (3×3 valid convolution, 3×3/2 max pooling, twice)."""
+    for _ in range(2):
+        size = (size - 2 - 3) // 2 + 1
+    return size
+
+
+class ConvEmbed(eqx.Module):
+    """Conv(3×3) → ReLU → MaxPool(3, 2) → Conv(3×3) → ReLU → MaxPool(3, 2) → Linear, per
+    image `(H, W)` → sites `(g·g, dim)` (g = 4 for 28×28)."""
+
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    pool: eqx.nn.MaxPool2d
+    proj: eqx.nn.Linear
+
+    def __init__(self, channels: int, dim: int, *, key: PRNGKeyArray):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.conv1 = eqx.nn.Conv2d(1, channels, 3, key=k1)
+        self.conv2 = eqx.nn.Conv2d(channels, channels, 3, key=k2)
+        self.pool = eqx.nn.MaxPool2d(3, stride=2)
+        self.proj = eqx.nn.Linear(channels, dim, key=k3)
+
+    def __call__(self, image: Float[Array, "H W"]) -> Float[Array, "p d"]:
+        h = self.pool(jax.nn.relu(self.conv1(image[None])))
+        h = self.pool(jax.nn.relu(self.conv2(h)))
+        c = h.shape[0]
+        return jax.vmap(self.proj)(h.reshape(c, -1).T)
+
+
+class PatchEmbed(eqx.Module):
+    """Non-overlapping `patch × patch` patches, each mapped linearly to the model width:
+    image `(H, W)` → `(H W / patch², dim)`."""
+
+    proj: eqx.nn.Linear
+    patch: int = eqx.field(static=True)
+
+    def __init__(self, patch: int, dim: int, *, key: PRNGKeyArray):
+        self.proj = eqx.nn.Linear(patch * patch, dim, key=key)
+        self.patch = patch
+
+    def __call__(self, image: Float[Array, "H W"]) -> Float[Array, "p d"]:
+        H, W = image.shape
+        p = self.patch
+        patches = image.reshape(H // p, p, W // p, p).transpose(0, 2, 1, 3).reshape(-1, p * p)
+        return jax.vmap(self.proj)(patches)
+
+
+class BareLayer(eqx.Module):
+    """An attention used as a whole layer: `x ↦ attention(x)` with no norm and no residual
+    (the implicit layer of Deep Implicit Attention carries its own source term)."""
+
+    attention: eqx.Module
+
+    def __call__(self, x, *, key=None, return_diagnostics: bool = False, **kwargs):
+        return self.attention(x, key=key, return_diagnostics=return_diagnostics, **kwargs)
+
+
+class ImageClassifier(eqx.Module):
+    """An image `(H, W)` → class logits `(num_classes,)`.
+
+    **Arguments:**
+
+    - `image_shape`: `(H, W)` of the (single-channel) images.
+    - `num_classes`: number of classes.
+    - `dim`: model width D; `depth`: number of attention layers; `num_heads`: heads.
+    - `attention`: a registered attention name or class (as `Transformer`);
+      `attention_kwargs`: its constructor arguments.
+    - `embed`: `"conv"` (the Deep Implicit Attention post's two conv+pool stages; needs images
+      of at least 16×16) or `"patch"` (linear patch embedding, `patch × patch` patches).
+    - `conv_channels`: channels of the convolutional embedding.
+    - `residual`: True wraps each attention in a pre-norm residual `Block` (with an FFN of
+      width `ffn_hidden`, 0 for none) and ends with a LayerNorm; False applies the attentions
+      bare, one after the other (the DEQ model of the post: one implicit layer, no FFN).
+    - `positions`: add a learned position embedding to the sites.
+    - `dropout`: dropout on the residual branches (residual only).
+    - `key`: PRNG key.
+
+    Sites: the embedded patches plus one classification site (site 0), whose input is a
+    learned vector; attentions that need the number of sites (`takes_max_len`) get it.
+    """
+
+    embed: Union[ConvEmbed, PatchEmbed]
+    cls_token: Float[Array, " d"]
+    pos_embed: Optional[Float[Array, "n d"]]
+    layers: eqx.Module
+    norm: Optional[eqx.nn.LayerNorm]
+    head: eqx.nn.Linear
+    depth: int = eqx.field(static=True)
+    image_shape: tuple[int, int] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int],
+        num_classes: int,
+        dim: int,
+        depth: int = 1,
+        num_heads: int = 1,
+        attention: Union[str, Callable[..., eqx.Module]] = "softmax",
+        attention_kwargs: Optional[dict[str, Any]] = None,
+        *,
+        embed: str = "conv",
+        patch: int = 4,
+        conv_channels: int = 32,
+        residual: bool = True,
+        ffn_hidden: int = 0,
+        positions: bool = True,
+        dropout: float = 0.0,
+        key: PRNGKeyArray,
+    ):
+        H, W = image_shape
+        if depth < 1:
+            raise ValueError(f"ImageClassifier: depth={depth} must be >= 1.")
+        if embed not in _EMBEDS:
+            raise ValueError(f"ImageClassifier: embed={embed!r}; choose one of {_EMBEDS}.")
+        ke, kc, kp, kl, kh = jax.random.split(key, 5)
+        if embed == "conv":
+            if conv_grid(H) < 1 or conv_grid(W) < 1:
+                raise ValueError(
+                    f"ImageClassifier: embed='conv' shrinks a {H}×{W} image to nothing (two "
+                    "3×3 convolutions and 3×3/2 poolings need at least 16×16 pixels); use "
+                    "embed='patch'.")
+            self.embed = ConvEmbed(conv_channels, dim, key=ke)
+            num_sites = conv_grid(H) * conv_grid(W)
+        else:
+            if patch < 1 or H % patch or W % patch:
+                raise ValueError(f"ImageClassifier: patch={patch} must divide the image "
+                                 f"sides {H}×{W}.")
+            self.embed = PatchEmbed(patch, dim, key=ke)
+            num_sites = (H // patch) * (W // patch)
+        n = num_sites + 1
+        reg = get_attention(attention)
+        kwargs = dict(attention_kwargs or {})
+        if reg.takes_max_len:
+            kwargs.setdefault("max_len", n)
+
+        def make_layer(k):
+            ka, kf = jax.random.split(k)
+            attn = reg.cls(dim=dim, num_heads=num_heads, causal=False, key=ka, **kwargs)
+            if residual:
+                return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
+            return BareLayer(attn)
+
+        self.cls_token = jax.random.normal(kc, (dim,)) / jnp.sqrt(dim)
+        self.pos_embed = 0.02 * jax.random.normal(kp, (n, dim)) if positions else None
+        self.layers = eqx.filter_vmap(make_layer)(jax.random.split(kl, depth))
+        self.norm = eqx.nn.LayerNorm(dim) if residual else None
+        self.head = eqx.nn.Linear(dim, num_classes, key=kh)
+        self.depth = depth
+        self.image_shape = (H, W)
+
+    @property
+    def num_sites(self) -> int:
+        """Sites of the spin model / tokens of the attention: patches + 1."""
+        return jax.eval_shape(self.embed, jnp.zeros(self.image_shape)).shape[0] + 1
+
+    def sites(self, image: Float[Array, "H W"]) -> Float[Array, "n d"]:
+        """The attention's input: the classification site, then the embedded patches (plus
+        positions)."""
+        x = self.embed(image)
+        x = jnp.concatenate([self.cls_token[None].astype(x.dtype), x], axis=0)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        return x
+
+    def __call__(self, image: Float[Array, "H W"], *, key: Optional[PRNGKeyArray] = None,
+                 return_diagnostics: bool = False):
+        """**Arguments:** `image (H, W)` (one example; vmap for a batch); `key` enables
+        dropout and training-only regularisers; `return_diagnostics` also returns the layers'
+        `Diagnostics` stacked over layers (leading axis `depth`).
+
+        **Returns:** logits `(num_classes,)`, or `(logits, diagnostics)`.
+        """
+        if image.shape != self.image_shape:
+            raise ValueError(f"ImageClassifier: image must have shape {self.image_shape}; got "
+                             f"{image.shape}. Use jax.vmap(model)(images) for a batch.")
+        x = self.sites(image)
+        dynamic, static = eqx.partition(self.layers, eqx.is_array)
+        keys = None if key is None else jax.random.split(key, self.depth)
+
+        def layer(h, xs):
+            params, k = xs
+            out = eqx.combine(params, static)(h, key=k, return_diagnostics=return_diagnostics)
+            return out if return_diagnostics else (out, None)
+
+        x, diags = jax.lax.scan(layer, x, (dynamic, keys))
+        h = x[0] if self.norm is None else self.norm(x[0])
+        logits = self.head(h)
+        return (logits, diags) if return_diagnostics else logits
