@@ -1,14 +1,18 @@
 """Datasets and generators that produce deterministic batches of numpy arrays.
 
 Every dataset follows the `Dataset` protocol: `vocab_size`, `num_classes`, `seq_len`, `kind`
-(`"tagging"` or `"lm"`), `batch(index, split) -> {"inputs", "targets", "mask"}`, where batch
-`index` depends only on the seed, the split and the index (so a resumed run sees the same
-data), and `baselines(batch) -> dict[str, float]`: reference scores on a batch (chance level
-and the like; `{}` if none), which the trainer records in each run's summary.
+(`"tagging"`, `"lm"`, `"pair_classification"` or `"image_classification"`),
+`batch(index, split) -> {"inputs", "targets", "mask"}`, where batch `index` depends only on
+the seed, the split and the index (so a resumed run sees the same data), and
+`baselines(batch) -> dict[str, float]`: reference scores on a batch (chance level and the
+like; `{}` if none), which the trainer records in each run's summary.
 """
 
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
+from ._images import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
+from ._images import ImageDataError, ImageDataNotFound, ImageDataset, find_mnist_files
+from ._images import load_mnist, patchify, read_idx, unpatchify, write_idx
 from ._nli import NLI_LABELS, GeneratedNLI, NLIFile, load_vocab, oracle, read_jsonl
 from ._nli import Sentence, build_vocab, parse_sentence, save_vocab, tokenize
 from ._protocol import Dataset
@@ -18,9 +22,15 @@ __all__ = [
     "BRACKET_VOCAB_SIZE",
     "BracketMatching",
     "CharText",
+    "DIGITS_CLASSES",
     "Dataset",
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_DIR",
     "FETCHABLE",
     "GeneratedNLI",
+    "ImageDataError",
+    "ImageDataNotFound",
+    "ImageDataset",
     "NLIFile",
     "NLI_LABELS",
     "Sentence",
@@ -28,12 +38,18 @@ __all__ = [
     "dataset_path",
     "build_vocab",
     "fetch",
+    "find_mnist_files",
+    "load_mnist",
     "load_vocab",
     "oracle",
     "parse_sentence",
+    "patchify",
+    "read_idx",
     "read_jsonl",
     "resolve_text_path",
     "sample_brackets",
     "save_vocab",
     "tokenize",
+    "unpatchify",
+    "write_idx",
 ]
