@@ -26,7 +26,10 @@ With H heads the internal dimension is cut into H blocks: the couplings are bloc
 
 The fixed point is found by Anderson acceleration (at most 40 steps, tolerance 1e-4 on the
 max-norm residual, as in the post's example) and differentiated implicitly (the backward
-linear system solved to 1e-4). A Hutchinson estimate of ‖∂F/∂m‖_F² at the solution
+linear system solved to 1e-4). A solve that fails is reported in the diagnostics (and raises
+with `throw=True`) and passes no gradient through its magnetizations. The Onsager MLP's last
+layer starts at zero, so training starts from naive mean field, a contraction at the initial
+coupling scale. A Hutchinson estimate of ‖∂F/∂m‖_F² at the solution
 (`jacobian_penalty > 0`, training only) can be added to the loss to keep the fixed point
 stable (Bai, Koltun and Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
 ICML 2021); the spectral radius of ∂F/∂m at the solution is reported when
@@ -181,8 +184,16 @@ class ImplicitAttention(eqx.Module):
             # spectral norm of W about 1/2: the row-stochastic couplings then contract
             self.W = 0.25 * jax.random.normal(kw, (H, dh, dh)) / math.sqrt(dh)
         hidden = onsager_hidden or 2 * dim
-        self.onsager_mlp = (eqx.nn.MLP(dim, dim, hidden, depth=1, activation=jax.nn.gelu,
-                                       key=km) if onsager == "mlp" else None)
+        if onsager == "mlp":
+            mlp = eqx.nn.MLP(dim, dim, hidden, depth=1, activation=jax.nn.gelu, key=km)
+            # the last layer starts at zero: training starts from naive mean field, whose map
+            # m -> Jm + X contracts at the initial coupling scale
+            last = mlp.layers[-1]
+            mlp = eqx.tree_at(lambda t: (t.layers[-1].weight, t.layers[-1].bias), mlp,
+                              (jnp.zeros_like(last.weight), jnp.zeros_like(last.bias)))
+            self.onsager_mlp = mlp
+        else:
+            self.onsager_mlp = None
         self.norm = eqx.nn.LayerNorm(dim) if normalize_input else None
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.solver = solver
@@ -306,7 +317,10 @@ class ImplicitAttention(eqx.Module):
         args = (X, J, V)
         sol = solvers.fixed_point(self.update, X, args, solver=self.solver,
                                   adjoint=self.adjoint, throw=self.throw)
-        m = sol.value
+        # a solve that failed passes no gradient through its magnetizations (its adjoint
+        # system belongs to a point that is not a fixed point); the diagnostics report it
+        ok = sol.result == solvers.RESULTS.successful
+        m = jnp.where(ok, sol.value, jax.lax.stop_gradient(sol.value))
         y = jax.vmap(self.out_proj)(m) if self.out_proj is not None else m
         if not return_diagnostics:
             return y

@@ -11,7 +11,7 @@ from ._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from ._experiment import build_dataset, build_model, build_optimizer, run
+from ._experiment import build_dataset, build_model, build_optimizer, load_run, run
 from ._figures import plot_run, plot_runs
 from ._loop import fit, read_metrics
 from ._report import report
@@ -38,6 +38,7 @@ __all__ = [
     "jit_step",
     "list_checkpoints",
     "load_latest",
+    "load_run",
     "loss_fn",
     "make_optimizer",
     "make_schedule",

@@ -10,7 +10,9 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
+from ._checkpoint import load_latest
 from ._loop import fit
+from ._step import init_opt_state
 from ._step import make_optimizer, make_schedule, num_params
 
 
@@ -36,6 +38,18 @@ def build_dataset(cfg: "_config.Config"):
         return _data.NLIFile.from_path(d.path, seq_len=d.seq_len, batch_size=d.batch_size,
                                        seed=d.seed, max_vocab=d.max_vocab,
                                        max_examples=d.max_examples)
+    if d.task == "digits":
+        return _data.ImageDataset.digits(batch_size=d.batch_size, seed=d.seed)
+    if d.task == "fashion_mnist":
+        default = _config.DataConfig.__dataclass_fields__["path"].default
+        try:
+            return _data.ImageDataset.fashion_mnist(
+                None if d.path == default else d.path, batch_size=d.batch_size, seed=d.seed,
+                val_size=d.val_size, max_train=d.max_train)
+        except _data.ImageDataNotFound as e:
+            raise FileNotFoundError(str(e)) from None
+        except _data.ImageDataError as e:
+            raise _config.ConfigError(f"data (task fashion_mnist): {e}") from None
     raise _config.ConfigError(f"data.task: unknown task {d.task!r}.")  # pragma: no cover
 
 
@@ -141,3 +155,20 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         extra_summary=extra,
     )
     return summary
+
+
+def load_run(run_dir):
+    """The trained model of a run directory: `(cfg, dataset, model)` from its saved
+    `config.yaml` and newest intact checkpoint (raises `FileNotFoundError` if there is
+    none)."""
+    run_dir = pathlib.Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml; is this a run directory?")
+    cfg = _config.load_config(saved)
+    dataset = build_dataset(cfg)
+    like = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+    got = load_latest(run_dir, (like, init_opt_state(build_optimizer(cfg), like)))
+    if got is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to load (the run wrote none yet).")
+    return cfg, dataset, got[1]
