@@ -173,3 +173,27 @@ def test_errors():
     assert model.num_sites == 17  # the post's 4×4 grid plus the classification site
     with pytest.raises(ValueError, match="shape"):
         model(jnp.zeros((4, 28, 28)))
+
+
+def test_adaptive_tap_onsager_has_the_naive_fixed_point():
+    """With the Gaussian prior the adaptive-TAP correction changes how the iteration runs,
+    not where it ends: the means solve m = Jm + X exactly (the Gaussian model's exact
+    means), as with onsager="none"; the cavity variances are those of the exact marginal
+    covariances, (I − V_i)⁻¹ = [(I − 𝐉)⁻¹]_ii."""
+    kw = dict(max_len=N, solver=solvers.Anderson(tol=1e-6, max_steps=100))
+    tap = nn.ImplicitAttention(DIM, 2, onsager="adaptive_tap", key=jax.random.key(4), **kw)
+    naive = nn.ImplicitAttention(DIM, 2, onsager="none", key=jax.random.key(4), **kw)
+    x = tokens()
+    rho = np.abs(np.linalg.eigvals(dense(tap.coupling_blocks(x)))).max()
+    tap, naive = (eqx.tree_at(lambda t: t.J, a, 0.8 / rho * a.J) for a in (tap, naive))
+    m_tap, d_tap = call(tap, x, return_diagnostics=True)
+    m_naive = call(naive, x)
+    assert int(d_tap.solver.result) == solvers.RESULTS.successful
+    np.testing.assert_allclose(m_tap, m_naive, atol=3e-5)
+    J = tap.coupling_blocks(x)
+    V = np.asarray(tap.cavity_variances(J), np.float64)  # (H, n, dh, dh)
+    G = np.linalg.inv(np.eye(N * DIM) - dense(J)).reshape(N, 2, 3, N, 2, 3)
+    for h in range(2):
+        for i in range(N):
+            np.testing.assert_allclose(np.linalg.inv(np.eye(3) - V[h, i]), G[i, h, :, i, h, :],
+                                       atol=2e-4)
