@@ -1,7 +1,7 @@
 """The physics: spin systems as pure functions. No parameters, no training.
 
 Every function handles one system (one set of fields and couplings); callers `vmap` over
-batches. Four families live here:
+batches. The families:
 
 - `ising`: binary spins in equilibrium (first-order mean field, TAP, exact enumeration, and
   `boltzmann_marginals`: exact Boltzmann-attention marginals for many queries sharing one
@@ -11,7 +11,13 @@ batches. Four families live here:
 - `vector`: D-dimensional spins on spheres of radius R (Bessel-ratio magnetizations, their
   large-D limit, mean-field and second-order TAP dynamics and their steady states);
 - `samplers`: Gibbs, parallel tempering and simulated diabatic quantum annealing, and
-  straight-through estimators that carry mean-field gradients through sampled means.
+  straight-through estimators that carry mean-field gradients through sampled means;
+- `coalitions`: cooperative games (exact and Monte Carlo Shapley, Banzhaf and interaction
+  values, the NeuroGame estimators);
+- `adaptive_tap`: adaptive TAP (Opper–Winther) for vector spins with d × d coupling blocks,
+  Gaussian or binary priors, cavity variances from linear response;
+- `free_energy`: the steepest-descent (large-D) free energy of vector spins on spheres, its
+  saddle, and magnetizations as derivatives of log Z.
 
 Iterative solutions (`ising.mean_field`, `ising.tap`, `kinetic.tap_step`, `vector.tap_step`,
 `vector.tap_ness`, `vector.mean_field_ness`) return a `spinformer.solvers.Solution` and take
@@ -23,10 +29,11 @@ m = ising.tap(h, J, beta=0.5)
 ```
 """
 
+from . import adaptive_tap as adaptive_tap
 from . import coalitions as coalitions
 from . import ising as ising
 from . import kinetic as kinetic
 from . import samplers as samplers
 from . import vector as vector
 
-__all__ = ["coalitions", "ising", "kinetic", "samplers", "vector"]
+__all__ = ["adaptive_tap", "coalitions", "ising", "kinetic", "samplers", "vector"]
