@@ -308,19 +308,26 @@ def test_magnetizations_fixed_j_vs_finite_differences(x64):
     def log_z(x, normalized=False):
         return fe.log_partition(x, J, normalized=normalized, **kw)
 
+    diag = rng.normal(size=n)
+
     @jax.jit
     def run(x):
         m, sol = fe.magnetizations(x, J, return_solution=True, **kw)
         y = x / math.sqrt(D)
         m_norm = fe.magnetizations(y, J, normalized=True, **kw)
-        return m, sol.value, m_norm, log_z(x), log_z(y, True)
+        m_call = fe.magnetizations(x, lambda _: J, **kw)  # the callable path, raw fields
+        lz_diag = fe.log_partition(x, J + jnp.diag(diag), **kw)
+        return m, sol.value, m_norm, m_call, log_z(x), log_z(y, True), lz_diag
 
-    m, t, m_norm, lz, lz_norm = run(H)
+    m, t, m_norm, m_call, lz, lz_norm, lz_diag = run(H)
     fd = _central_diff(log_z, H, 1e-5) / beta
     np.testing.assert_allclose(m, fd, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(m, 0.5 * np.linalg.solve(np.diag(t) - J, H), rtol=1e-12)
     np.testing.assert_allclose(m_norm * math.sqrt(D), m, rtol=1e-12)
+    np.testing.assert_allclose(m_call, m, rtol=1e-12)
     np.testing.assert_allclose(lz_norm, lz, rtol=1e-13)
+    # a diagonal of J is the constant energy −D Tr J: it adds β D Tr J to ln Z
+    np.testing.assert_allclose(lz_diag - lz, beta * D * diag.sum(), rtol=1e-10)
 
 
 def test_magnetizations_callable_couplings_vs_finite_differences(x64):
@@ -365,9 +372,9 @@ def test_tanh_couplings():
 
 
 @pytest.mark.parametrize(
-    "matrix_free", [False, pytest.param(True, marks=pytest.mark.slow)]
+    "all_adjoints", [False, pytest.param(True, marks=pytest.mark.slow)]
 )
-def test_gradients_of_magnetizations_implicit_unrolled_fd(matrix_free, x64):
+def test_gradients_of_magnetizations_implicit_unrolled_fd(all_adjoints, x64):
     """A scalar loss of the magnetizations, differentiated with respect to H, J and β through
     t*: the default adjoint (dense solve with the closed-form Hessian) against the
     matrix-free implicit adjoint, unrolling the Newton iterations, and finite differences."""
@@ -387,9 +394,10 @@ def test_gradients_of_magnetizations_implicit_unrolled_fd(matrix_free, x64):
     g_imp = jax.jit(jax.grad(loss))(jnp.asarray(p))
     fd = _central_diff(loss, p, 1e-6)
     np.testing.assert_allclose(g_imp, fd, rtol=1e-6, atol=1e-8)
-    others = [solvers.Unrolled()]
-    if matrix_free:
-        others.append(solvers.Implicit(linear_solver=solvers.GMRES(restart=20), tol=1e-12))
+    others = []
+    if all_adjoints:  # unrolling the Newton iterations, and the matrix-free implicit adjoint
+        others = [solvers.Unrolled(),
+                  solvers.Implicit(linear_solver=solvers.GMRES(restart=20), tol=1e-12)]
     for adjoint in others:
         g = jax.jit(jax.grad(lambda p: loss(p, adjoint)))(jnp.asarray(p))
         np.testing.assert_allclose(g_imp, g, rtol=1e-9, atol=1e-11)

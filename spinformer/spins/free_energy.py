@@ -7,20 +7,21 @@ from spinformer.spins import free_energy as fe
 
 kH, kJ = jax.random.split(jax.random.key(0))
 n, D = 8, 64
-H = jax.random.normal(kH, (n, D)) / jnp.sqrt(D)            # fields, O(1) per spin
+H = jax.random.normal(kH, (4, n, D))                        # 4 systems: raw fields
 A = jax.random.normal(kJ, (n, n)) / jnp.sqrt(n * D)
 J = (A + A.T) * (1 - jnp.eye(n))                            # symmetric couplings
 
-sol = fe.saddle(H, J, beta=1.0)          # Solution; sol.value = t* (n,), sol.result
-logZ = fe.log_partition(H, J, beta=1.0)  # ≈ log Z, constants included
-m = fe.magnetizations(H, J, beta=1.0)    # ⟨σ_i⟩ = ½ Σ_j [V⁻¹]_ij h_j, shape (n, D)
-m = jax.vmap(lambda H: fe.magnetizations(H, J, beta=1.0))(H_batch)   # a batch
+sol = fe.saddle(H[0], J, beta=1.0)          # Solution: sol.value = t* (n,), sol.result
+logZ = fe.log_partition(H[0], J, beta=1.0)  # ≈ ln Z, constants included
+m = fe.magnetizations(H[0], J, beta=1.0)    # ⟨σ_i⟩ = ½ Σ_j [V⁻¹]_ij h_j at t*, (n, D)
+m = jax.vmap(lambda h: fe.magnetizations(h, J, beta=1.0))(H)        # a batch, (4, n, D)
+m = fe.magnetizations(H[0] / jnp.sqrt(D), J, beta=1.0, normalized=True)  # unit spins
 ```
 
 Source: M. Bal, "Transformers from Spin Models: Approximate Free Energy Minimization" (2021),
 https://mcbal.github.io/post/transformers-from-spin-models-approximate-free-energy-minimization/
 (after H. E. Stanley, "Spherical Model as the Limit of Infinite Spin Dimensionality",
-Phys. Rev. 176, 718 (1968)).
+Phys. Rev. 176, 718 (1968), https://doi.org/10.1103/PhysRev.176.718).
 
 **Model.** N spins σ_i ∈ ℝ^D on the sphere |σ_i|² = D, energy
 
@@ -77,8 +78,9 @@ saddle's own dependence on H drops out, but J(H)'s does not,
 `tanh_couplings` is the post's example.
 
 **Solving.** `saddle` runs `spinformer.solvers.root_find` on ∇φ/β with `SaddleNewton`, a
-damped Newton method with the closed-form Hessian whose steps provably keep V positive
-definite (see `SaddleNewton`), from t0_i = λ_max(J) + t_i^{(0)}, where t^{(0)} is the exact
+damped Newton method with the closed-form Hessian whose steps keep V positive definite (a
+line search from the full step, checked by Cholesky, falling back to a damped length that
+provably stays inside; see `SaddleNewton`), from t0_i = λ_max(J) + t_i^{(0)}, where t^{(0)} is the exact
 saddle of the uncoupled system (J = 0) and λ_max(J) the largest eigenvalue: V(t0) ⪰
 diag(t^{(0)}) ≻ 0, and t0 = t* when J = 0. Gradients are implicit (`SaddleImplicit`: one
 Cholesky solve with the closed-form Hessian).
@@ -90,7 +92,7 @@ return arrays return NaN for it (never a silent wrong value).
 V⁻¹GV⁻¹ (2N³) and the N × N Hessian, and solves with it (Cholesky, N³/3), plus one
 Cholesky per backtracking trial (usually one): O(N³) per step, independent of D, as the
 saddle depends on H only through G = HHᵀ (N²D once). Typically 4–10 steps from the default
-start (measured: at most 11 over β = 0.1 … 10⁴ and couplings of spectral radius up to ~8).
+start (measured: at most 11 over β = 0.1 … 10⁸ and couplings of spectral radius up to ~8).
 `magnetizations` adds N²D. The backward pass (`SaddleImplicit`) is one more Hessian and
 Cholesky solve plus one VJP of ∇φ, O(N³); the matrix-free `solvers.Implicit` would need up
 to N products of O(N³) each.
@@ -245,7 +247,7 @@ def _check_beta(name, beta):
 
 
 def _resolve_J(name, H, J):
-    """(N, N) couplings from an array or a callable J(H); symmetrised."""
+    """The (N, N) couplings from an array or a callable J(H), shape-checked."""
     n = jnp.shape(H)[0]
     if callable(J):
         J = J(H)
@@ -285,27 +287,26 @@ def _check_t(name, t, n):
 
 
 def phi(
-    t: Aux, H: Spins, J: Matrix, *, beta: Scalar, normalized: bool = False
+    t: Aux, H: Spins, J: Couplings, *, beta: Scalar, normalized: bool = False
 ) -> Float[Array, ""]:
     """φ(t) = β Σ_j t_j − ½ log det V + c Tr(Hᵀ V⁻¹ H), V = diag(t) − J.
 
     c = β/(4D) (raw fields) or β/4 (`normalized=True`: H is the raw field divided by √D).
     ln Z ≈ (DN/2) ln(π/β) + D φ(t*) (Bal 2021). Uses a Cholesky factorisation of V.
 
-    **Arguments:** `t` `(n,)`; `H` `(n, D)`; `J` `(n, n)` (its symmetric part is used);
-    `beta` > 0; `normalized` as above.
+    **Arguments:** `t` `(n,)`; `H` `(n, D)`; `J` `(n, n)` or a callable `J(H)` (its
+    symmetric part is used); `beta` > 0; `normalized` as above.
 
     **Returns:** a scalar; NaN where V is not positive definite (outside φ's domain).
     """
     n, _ = _check_H("phi", H)
     _check_t("phi", t, n)
     H, J, beta, kappa, G, _ = _prepare("phi", H, J, beta, normalized)
-    (t,) = as_float(t)
-    return _phi_G(t.astype(H.dtype), G, J, beta, kappa)
+    return _phi_G(jnp.asarray(t, H.dtype), G, J, beta, kappa)
 
 
 def phi_grad(
-    t: Aux, H: Spins, J: Matrix, *, beta: Scalar, normalized: bool = False
+    t: Aux, H: Spins, J: Couplings, *, beta: Scalar, normalized: bool = False
 ) -> Float[Array, " n"]:
     """∂φ/∂t_i = β − ½ [V⁻¹]_ii − c [V⁻¹HHᵀV⁻¹]_ii in closed form (c as in `phi`).
 
@@ -318,7 +319,7 @@ def phi_grad(
 
 
 def phi_hessian(
-    t: Aux, H: Spins, J: Matrix, *, beta: Scalar, normalized: bool = False
+    t: Aux, H: Spins, J: Couplings, *, beta: Scalar, normalized: bool = False
 ) -> Float[Array, "n n"]:
     """∂²φ/∂t_i∂t_j = ½ [V⁻¹]_ij² + 2c [V⁻¹]_ij [V⁻¹HHᵀV⁻¹]_ij in closed form (c as in `phi`),
     i.e. ½ V⁻¹∘V⁻¹ + 2c V⁻¹∘(V⁻¹HHᵀV⁻¹) — positive definite wherever V is.
