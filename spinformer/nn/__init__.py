@@ -16,13 +16,15 @@ A new attention is one module plus one config dataclass, registered with
 """
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
-from . import _softmax, _spin, _boltzmann, _neurogame, _implicit  # noqa: F401, I001
+from . import _softmax, _spin, _boltzmann, _neurogame, _implicit, _free_energy  # noqa: F401, I001
 from ._block import Block as Block
 from ._block import FeedForward as FeedForward
 from ._boltzmann import BoltzmannAttention as BoltzmannAttention
 from ._boltzmann import BoltzmannConfig as BoltzmannConfig
 from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import Stats as Stats
+from ._free_energy import FreeEnergyAttention as FreeEnergyAttention
+from ._free_energy import FreeEnergyConfig as FreeEnergyConfig
 from ._groups import param_labels as param_labels
 from ._image import ImageClassifier as ImageClassifier
 from ._implicit import ImplicitAttention as ImplicitAttention
@@ -63,6 +65,8 @@ __all__ = [
     "Classifier",
     "Diagnostics",
     "FeedForward",
+    "FreeEnergyAttention",
+    "FreeEnergyConfig",
     "ImageClassifier",
     "ImplicitAttention",
     "ImplicitConfig",

@@ -31,9 +31,10 @@ m = ising.tap(h, J, beta=0.5)
 
 from . import adaptive_tap as adaptive_tap
 from . import coalitions as coalitions
+from . import free_energy as free_energy
 from . import ising as ising
 from . import kinetic as kinetic
 from . import samplers as samplers
 from . import vector as vector
 
-__all__ = ["adaptive_tap", "coalitions", "ising", "kinetic", "samplers", "vector"]
+__all__ = ["adaptive_tap", "coalitions", "free_energy", "ising", "kinetic", "samplers", "vector"]

@@ -1,0 +1,215 @@
+"""Free-energy attention: the AFEM `VectorSpinAttention` of M. Bal, "Transformers from Spin
+Models: Approximate Free Energy Minimization" (2021),
+https://mcbal.github.io/post/transformers-from-spin-models-approximate-free-energy-minimization/.
+
+Per head, the n tokens are the external fields of n vector spins on spheres, coupled by a
+scalar coupling matrix J (symmetric, zero diagonal): explicit parameters (the post's default,
+initialised N(0, 1/(n D_h)) in standard deviation — the post's "N(0, 1/√(ND))" read as the
+scale 1/√N · 1/√D its text explains) or input-dependent couplings
+J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) (the post's example, symmetrised). The fields are
+h_i = LayerNorm(x_i)/√D_h (|h_i| ≈ 1, the post's normalisation); the output is the unit-spin
+magnetizations ⟨σ_i⟩/√D_h = β⁻¹ ∂ ln Z/∂h_i of the steepest-descent (large-D) partition
+function, found at the saddle t* of φ(t) (`spinformer.spins.free_energy`), heads
+concatenated, then an optional output map.
+
+With fixed J the output is ½ Σ_j [(diag(t*) − J)⁻¹]_ij h_j: a symmetric, input-dependent
+mixing of the fields through t* (the Neumann series of the inverse starts with the residual
+term h_i/(2t_i)). With J(H) the derivative also runs through the couplings.
+
+The saddle is solved by a damped Newton method that keeps diag(t) − J positive definite and
+differentiated implicitly with the closed-form Hessian (O(n³) per step, independent of D). A
+failed saddle is reported in the diagnostics (and raises with `throw=True`); its output is
+zero and passes no gradient, never NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from .. import solvers
+from .._schema import option
+from ..spins import free_energy as fe
+from ._diagnostics import Diagnostics, Stats
+from ._heads import check_heads, merge_heads, split_heads
+from ._masks import combine_masks
+from ._registry import register_attention
+
+_COUPLINGS = ("explicit", "input")
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeEnergyConfig:
+    """Options of free-energy attention (the config section `model.free_energy`)."""
+
+    couplings: str = option("explicit", "explicit: learned symmetric J with zero diagonal (needs "
+                            "a fixed number of tokens); input: J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))"
+                            "/√(nD) from the fields", _COUPLINGS)
+    beta: float = option(1.0, "inverse temperature β")
+    output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
+    tol: float = option(1e-5, "saddle tolerance: max relative violation of the spherical "
+                        "constraint")
+    max_steps: int = option(50, "most Newton steps of the saddle solve")
+
+
+@register_attention("free_energy", config=FreeEnergyConfig, help="free-energy (AFEM) "
+                    "steepest-descent vector spins", takes_max_len=True,
+                    coupling_fields=("J", "Q", "K"))
+class FreeEnergyAttention(eqx.Module):
+    """Free-energy attention, one example per call.
+
+    **Arguments:**
+
+    - `dim`: model width D; `num_heads`: H (one spin model per head, spins of dimension D/H).
+    - `causal`: a causal mask zeroes the couplings J_ij with j > i. (The couplings of this
+      model are symmetric, so spin j still feels spin i: the output at i depends on later
+      tokens through t* and V⁻¹ — a causal language model should not use it.)
+    - `max_len`: the number of spins of explicit couplings (inputs may have n ≤ max_len
+      tokens: the first n are used).
+    - `couplings`: `"explicit"` or `"input"`; `beta`: inverse temperature.
+    - `output_proj`: a learned D × D map on the concatenated magnetizations.
+    - `solver`: the saddle's root finder (default `spins.free_energy.SaddleNewton(tol=1e-5,
+      max_steps=50)`); `adjoint` (default the closed-form implicit adjoint); `throw`.
+    - `key`: PRNG key.
+    """
+
+    J: Optional[Float[Array, "h n n"]]
+    Q: Optional[Float[Array, "h dh dh"]]
+    K: Optional[Float[Array, "h dh dh"]]
+    norm: eqx.nn.LayerNorm
+    out_proj: Optional[eqx.nn.Linear]
+    beta: float
+    solver: solvers.AbstractRootFinder
+    adjoint: Optional[solvers.AbstractAdjoint]
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+    def __init__(
+        self, dim: int, num_heads: int = 1, causal: bool = False, *,
+        max_len: int,
+        couplings: str = "explicit",
+        beta: float = 1.0,
+        output_proj: bool = True,
+        solver: Optional[solvers.AbstractRootFinder] = None,
+        adjoint: Optional[solvers.AbstractAdjoint] = None,
+        throw: bool = False,
+        key: PRNGKeyArray,
+    ):
+        check_heads("FreeEnergyAttention", dim, num_heads)
+        if couplings not in _COUPLINGS:
+            raise ValueError(f"FreeEnergyAttention: couplings={couplings!r}; choose one of "
+                             f"{_COUPLINGS}.")
+        if not beta > 0:
+            raise ValueError(f"FreeEnergyAttention: beta={beta} must be > 0.")
+        H, dh, n = num_heads, dim // num_heads, max_len
+        kj, kq, kk, ko = jax.random.split(key, 4)
+        if couplings == "explicit":
+            A = jax.random.normal(kj, (H, n, n)) / math.sqrt(n * dh)
+            # symmetric with the same entry scale, zero diagonal
+            self.J = (A + jnp.swapaxes(A, 1, 2)) / math.sqrt(2) * (1 - jnp.eye(n))
+            self.Q = self.K = None
+        else:
+            self.J = None
+            self.Q = jax.random.normal(kq, (H, dh, dh)) / math.sqrt(dh)
+            self.K = jax.random.normal(kk, (H, dh, dh)) / math.sqrt(dh)
+        self.norm = eqx.nn.LayerNorm(dim)
+        self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
+        self.beta = float(beta)
+        self.solver = fe.SaddleNewton(tol=1e-5, max_steps=50) if solver is None else solver
+        self.adjoint = adjoint
+        self.dim, self.num_heads, self.causal, self.throw = dim, num_heads, causal, throw
+
+    @classmethod
+    def from_config(cls, section: FreeEnergyConfig) -> dict:
+        """Constructor keyword arguments from the config section `model.free_energy`."""
+        return dict(couplings=section.couplings, beta=section.beta,
+                    output_proj=section.output_proj,
+                    solver=fe.SaddleNewton(tol=section.tol, max_steps=section.max_steps))
+
+    def fields(self, x: Float[Array, "n d"]) -> Float[Array, "h n dh"]:
+        """Per-head normalised fields h_i = LayerNorm(x_i)/√D_h, `(H, n, D_h)`."""
+        dh = self.dim // self.num_heads
+        return split_heads(jax.vmap(self.norm)(x), self.num_heads) / math.sqrt(dh)
+
+    def couplings(self, h: Float[Array, "h n dh"],
+                  mask: Optional[Bool[Array, "n n"]] = None) -> Float[Array, "h n n"]:
+        """The coupling matrices J `(H, n, n)` (symmetric, zero diagonal) for fields `h`."""
+        n = h.shape[1]
+        if self.J is not None:
+            if n > self.J.shape[1]:
+                raise ValueError(
+                    f"FreeEnergyAttention: {n} tokens but the explicit couplings have "
+                    f"{self.J.shape[1]} spins; build the module with max_len >= {n}.")
+            J = self.J[:, :n, :n]
+            J = 0.5 * (J + jnp.swapaxes(J, 1, 2)) * (1 - jnp.eye(n, dtype=J.dtype))
+        else:
+            J = jax.vmap(fe.tanh_couplings)(h, self.Q, self.K)
+        allowed = combine_masks(n, n, self.causal, mask)
+        if allowed is not None:
+            keep = (allowed & allowed.T).astype(J.dtype)  # keep J symmetric
+            J = J * keep
+        return J
+
+    def _one_head(self, h, J, Q, K, mask):
+        kw = dict(beta=self.beta, normalized=True, solver=self.solver, adjoint=self.adjoint,
+                  throw=self.throw, return_solution=True)
+        if Q is None:
+            m, sol = fe.magnetizations(h, J, **kw)
+        else:
+            def coupling_fn(hh):
+                Jx = fe.tanh_couplings(hh, Q, K)
+                allowed = combine_masks(hh.shape[0], hh.shape[0], self.causal, mask)
+                if allowed is not None:
+                    Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
+                return Jx
+
+            m, sol = fe.magnetizations(h, coupling_fn, **kw)
+        ok = sol.result == solvers.RESULTS.successful
+        # a failed saddle gives zeros with no gradient (and is counted in the diagnostics)
+        m = jnp.where(ok, m, jax.lax.stop_gradient(jnp.zeros_like(m)))
+        return m, Stats.of(sol), sol.value
+
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None, state=None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
+        """**Arguments:**
+
+        - `x`: tokens `(n, d)` (the external fields after LayerNorm and /√D_h).
+        - `context`: not supported (must be None).
+        - `mask`: boolean `(n, n)`: a coupling J_ij is kept where both (i, j) and (j, i) are
+          allowed (combined with `causal`).
+        - `state`, `key`: unused.
+        - `return_diagnostics`: also return `Diagnostics` with `magnetizations (H, n, D_h)`,
+          `fields (H, n, D_h)`, `couplings` J `(H, n, n)` and `solver` (`Stats` of each
+          head's saddle solve).
+
+        **Returns:** `(n, d)`, or `(output, diagnostics)`.
+        """
+        del state, key
+        if context is not None:
+            raise ValueError("FreeEnergyAttention: cross-attention (context=) is not "
+                             "supported.")
+        if x.ndim != 2 or x.shape[-1] != self.dim:
+            raise ValueError(f"FreeEnergyAttention: x must have shape (n, {self.dim}); got "
+                             f"{x.shape}. Use jax.vmap(module)(x) for a batch.")
+        h = self.fields(x)
+        if self.J is not None:
+            J = self.couplings(h, mask)
+            m, stats, _ = jax.vmap(lambda hh, jj: self._one_head(hh, jj, None, None, mask))(h, J)
+        else:
+            J = jax.lax.stop_gradient(self.couplings(h, mask))
+            m, stats, _ = jax.vmap(lambda hh, q, k: self._one_head(hh, None, q, k, mask))(
+                h, self.Q, self.K)
+        out = merge_heads(m)
+        y = jax.vmap(self.out_proj)(out) if self.out_proj is not None else out
+        if return_diagnostics:
+            return y, Diagnostics(couplings=J, magnetizations=m, fields=h, solver=stats)
+        return y
