@@ -287,6 +287,20 @@ class ImplicitAttention(eqx.Module):
 
         return jax.vmap(lambda Jh: adaptive_tap.gaussian_cavity_variances(Jh))(J)
 
+    def spectral_radius(self, x: Float[Array, "n d"], *, steps: int = 50,
+                        mask: Optional[Bool[Array, "n n"]] = None) -> Float[Array, ""]:
+        """The spectral radius of ∂F/∂m at this input's fixed point (< 1: the fixed point
+        attracts plain iteration), by `solvers.spectral_radius` with `steps` Jacobian–vector
+        products."""
+        J = self.coupling_blocks(x, mask)
+        X = self.fields(x)
+        V = self.cavity_variances(J) if self.onsager == "adaptive_tap" else None
+        m = solvers.fixed_point(self.update, X, (X, J, V), solver=self.solver,
+                                adjoint=self.adjoint, throw=self.throw).value
+        args = jax.lax.stop_gradient((X, J, V))
+        return solvers.spectral_radius(self.update, jax.lax.stop_gradient(m), args,
+                                       key=jax.random.key(_SPECTRAL_KEY), steps=steps)
+
     def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
                  mask: Optional[Bool[Array, "n s"]] = None, state=None,
                  key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
