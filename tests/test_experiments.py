@@ -112,3 +112,25 @@ def test_ngt_nli_quick(tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime for p in runs.glob("*/test.json")}
     ngt.main(["run", "--quick", "--seeds", "2", "--variants", variants, "--runs", str(runs)])
     assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before
+
+
+def test_implicit_images_quick(tmp_path, monkeypatch):
+    """The Fashion-MNIST sweep end to end on the digits: the three main configs train, are
+    evaluated on the test split (the implicit one with its spectral radius), the report
+    pairs them; a second run retrains nothing."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    exp = _load("implicit_images")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    exp.main(["all", "--quick", "--seeds", "1", "--runs", str(runs), "--results", str(results)])
+    assert sorted(p.parent.name for p in runs.glob("*/test.json")) == [
+        "free_energy_s0", "implicit_s0", "softmax_s0"]
+    test = (runs / "implicit_s0" / "test.json").read_text()
+    assert "spectral_radius_mean" in test
+    table = (results / "fmnist.md").read_text()
+    for v in ("softmax", "implicit", "free_energy"):
+        assert f"| {v} |" in table
+    assert (results / "curves.png").stat().st_size > 0
+    assert (results / "couplings.png").stat().st_size > 0
+    before = {p: p.stat().st_mtime for p in runs.glob("*/test.json")}
+    exp.main(["run", "--quick", "--seeds", "1", "--runs", str(runs)])
+    assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before

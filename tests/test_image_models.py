@@ -1,6 +1,6 @@
 """Free-energy attention against derivatives of the steepest-descent log Z, its failures;
-the Fashion-MNIST configs run end to end (on the scikit-learn digits), the missing-data
-error of the command line."""
+the missing-data error of the command line. (The Fashion-MNIST configs run end to end on
+the digits in tests/test_experiments.py.)"""
 
 import pathlib
 
@@ -10,9 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import spinformer as sf
 from spinformer import cli, nn, solvers
-from spinformer.config import load_config
 from spinformer.spins import free_energy as fe
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -75,24 +73,6 @@ def test_free_energy_failures_are_zero_and_reported():
         nn.FreeEnergyAttention(DIM, max_len=N, couplings="softmax", key=jax.random.key(0))
     with pytest.raises(ValueError, match="max_len"):
         nn.FreeEnergyAttention(DIM, max_len=N, key=jax.random.key(0))(tokens(N + 2))
-
-
-@pytest.mark.parametrize("name", ["fmnist_implicit", "fmnist_free_energy", "fmnist_softmax"])
-def test_image_configs_train_on_digits(name, tmp_path):
-    """Each Fashion-MNIST config runs end to end on the digits (8×8, patch embedding), with
-    the solver statistics logged and a finite loss."""
-    cfg = load_config(ROOT / "configs" / f"{name}.yaml", overrides=[
-        "data.task=digits", "model.embed=patch", "model.patch=4", "train.steps=4",
-        "train.eval_every=2", "train.log_every=1", "train.warmup_steps=1",
-        "train.checkpoint_every=0", "data.batch_size=8", "data.eval_batches=2",
-        "train.progress=false"])
-    summary = sf.train.run(cfg, tmp_path / name)
-    assert np.isfinite(summary["metrics"]["loss"])
-    if name != "fmnist_softmax":
-        assert summary["metrics"]["solver_failures"] == 0.0
-        assert summary["metrics"]["solver_steps"] > 0
-    _, dataset, model = sf.train.load_run(tmp_path / name)
-    assert model.image_shape == (8, 8) and dataset.num_classes == 10
 
 
 def test_missing_fashion_mnist_is_one_line(tmp_path, capsys):
