@@ -197,3 +197,17 @@ def test_adaptive_tap_onsager_has_the_naive_fixed_point():
         for i in range(N):
             np.testing.assert_allclose(np.linalg.inv(np.eye(3) - V[h, i]), G[i, h, :, i, h, :],
                                        atol=2e-4)
+
+
+@pytest.mark.parametrize("attention", ["implicit", "free_energy"])
+def test_plugs_into_token_models(attention):
+    """Both implicit attentions are registered: a token classifier and a causal LM build
+    them by name (the Transformer passes max_len for their per-site couplings)."""
+    tok = jnp.array([1, 4, 2, 7, 3])
+    clf = nn.Classifier(10, 3, dim=8, depth=2, num_heads=2, max_len=6, attention=attention,
+                        key=jax.random.key(0))
+    logits, diag = call(clf, tok, return_diagnostics=True)
+    assert logits.shape == (3,) and np.all(np.isfinite(np.asarray(logits)))
+    assert np.all(np.asarray(diag.solver.result) == solvers.RESULTS.successful)
+    lm = nn.CausalLM(10, dim=8, depth=1, max_len=6, attention=attention, key=jax.random.key(1))
+    assert call(lm, tok).shape == (5, 10)
