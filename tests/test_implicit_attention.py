@@ -201,13 +201,19 @@ def test_adaptive_tap_onsager_has_the_naive_fixed_point():
 
 @pytest.mark.parametrize("attention", ["implicit", "free_energy"])
 def test_plugs_into_token_models(attention):
-    """Both implicit attentions are registered: a token classifier and a causal LM build
-    them by name (the Transformer passes max_len for their per-site couplings)."""
+    """Both implicit attentions are registered: a token classifier builds them by name (the
+    Transformer passes max_len for their per-site couplings); a causal LM takes the implicit
+    one (causal couplings) and refuses the free-energy one."""
     tok = jnp.array([1, 4, 2, 7, 3])
     clf = nn.Classifier(10, 3, dim=8, depth=2, num_heads=2, max_len=6, attention=attention,
                         key=jax.random.key(0))
     logits, diag = call(clf, tok, return_diagnostics=True)
     assert logits.shape == (3,) and np.all(np.isfinite(np.asarray(logits)))
     assert np.all(np.asarray(diag.solver.result) == solvers.RESULTS.successful)
+    if attention == "free_energy":  # symmetric couplings: every output sees every token
+        with pytest.raises(ValueError, match="causal"):
+            nn.CausalLM(10, dim=8, depth=1, max_len=6, attention=attention,
+                        key=jax.random.key(1))
+        return
     lm = nn.CausalLM(10, dim=8, depth=1, max_len=6, attention=attention, key=jax.random.key(1))
     assert call(lm, tok).shape == (5, 10)

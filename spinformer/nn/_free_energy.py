@@ -67,9 +67,9 @@ class FreeEnergyAttention(eqx.Module):
     **Arguments:**
 
     - `dim`: model width D; `num_heads`: H (one spin model per head, spins of dimension D/H).
-    - `causal`: a causal mask zeroes the couplings J_ij with j > i. (The couplings of this
-      model are symmetric, so spin j still feels spin i: the output at i depends on later
-      tokens through t* and V⁻¹ — a causal language model should not use it.)
+    - `causal`: not supported (raises): the couplings of this model are symmetric and every
+      output depends on every field through t* and V⁻¹, so no mask makes token i blind to
+      later tokens. Use it in non-causal models (classifiers, encoders).
     - `max_len`: the number of spins of explicit couplings (inputs may have n ≤ max_len
       tokens: the first n are used).
     - `couplings`: `"explicit"` or `"input"`; `beta`: inverse temperature.
@@ -104,6 +104,12 @@ class FreeEnergyAttention(eqx.Module):
         key: PRNGKeyArray,
     ):
         check_heads("FreeEnergyAttention", dim, num_heads)
+        if causal:
+            raise ValueError(
+                "FreeEnergyAttention: causal=True is not supported: the spin model's couplings "
+                "are symmetric and each magnetization depends on every field through the "
+                "saddle, so later tokens would leak into earlier outputs. Use it in a "
+                "non-causal model (a classifier or encoder).")
         if couplings not in _COUPLINGS:
             raise ValueError(f"FreeEnergyAttention: couplings={couplings!r}; choose one of "
                              f"{_COUPLINGS}.")
@@ -185,7 +191,7 @@ class FreeEnergyAttention(eqx.Module):
         - `x`: tokens `(n, d)` (the external fields after LayerNorm and /√D_h).
         - `context`: not supported (must be None).
         - `mask`: boolean `(n, n)`: a coupling J_ij is kept where both (i, j) and (j, i) are
-          allowed (combined with `causal`).
+          allowed (e.g. padding).
         - `state`, `key`: unused.
         - `return_diagnostics`: also return `Diagnostics` with `magnetizations (H, n, D_h)`,
           `fields (H, n, D_h)`, `couplings` J `(H, n, n)` and `solver` (`Stats` of each
