@@ -99,15 +99,39 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _fashion_mnist_status() -> tuple[bool, str]:
+    from .data import FASHION_MNIST_DIR, ImageDataError, find_mnist_files
+
+    try:
+        find_mnist_files(None)
+        return True, f"installed in {FASHION_MNIST_DIR}"
+    except ImageDataError:
+        return False, (f"not installed: `apt-get install dataset-fashion-mnist` (Debian/Ubuntu) "
+                       f"puts it in {FASHION_MNIST_DIR}, or set data.path to any directory of "
+                       "MNIST-format IDX files")
+
+
 def _cmd_data(args) -> int:
     from .data import FETCHABLE, fetch
 
     if args.action == "fetch":
+        if args.name.replace("_", "-") == "fashion-mnist":  # a system package, not a download
+            found, where = _fashion_mnist_status()
+            print(f"fashion-mnist: {where}", file=sys.stdout if found else sys.stderr)
+            return 0 if found else 2
+        if args.name not in FETCHABLE:
+            print(f"spinformer: error: unknown dataset {args.name!r}; fetchable: "
+                  f"{', '.join(sorted(FETCHABLE))} (fashion-mnist comes from a system "
+                  "package: `spinformer data list`).", file=sys.stderr)
+            return 2
         path = fetch(args.name, force=args.force)
         print(f"{args.name}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
         return 0
     for name, desc in FETCHABLE.items():
         print(f"{name}  {desc}")
+    print(f"fashion-mnist  Fashion-MNIST images (data.task: fashion_mnist), "
+          f"{_fashion_mnist_status()[1]}")
+    print("digits  scikit-learn's 8x8 digits (data.task: digits), shipped with scikit-learn")
     return 0
 
 

@@ -82,3 +82,15 @@ def test_missing_fashion_mnist_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert "dataset-fashion-mnist" in err and "data.path" in err
+
+
+def test_data_commands_name_fashion_mnist(capsys):
+    assert cli.main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "fashion-mnist" in out and "digits" in out
+    rc = cli.main(["data", "fetch", "fashion-mnist"])
+    both = "".join(capsys.readouterr())
+    assert "dataset-fashion-mnist" in both or "installed in" in both
+    assert rc in (0, 2)
+    assert cli.main(["data", "fetch", "no-such-data"]) == 2
+    assert "unknown dataset" in capsys.readouterr().err
