@@ -13,7 +13,9 @@ written to `--runs` (default `runs/implicit_images/<variant>_s<seed>`); a run wi
 `test.json` is skipped, so the sweep can be stopped and restarted (an interrupted run resumes
 from its last checkpoint). Runs go seed by seed over all variants, so a partial sweep still
 compares every variant on the same seeds. A run whose solver raised is recorded in
-`failed.json` and the sweep goes on.
+`failed.json` and the sweep goes on. Each run trains in a child process watched for
+progress: one that stops writing metrics for `--stall` seconds is restarted from its last
+checkpoint (see `train_watched`: an XLA:CPU deadlock seen with free-energy attention).
 
 `report` writes `--results` (default `experiments/results/implicit`): `fmnist.md` (test
 accuracy on the whole 10,000-image test set, mean ± std over seeds, paired gaps to softmax with
@@ -29,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import subprocess
+import sys
 import time
 
 import equinox as eqx
@@ -90,6 +94,47 @@ def test_metrics(run_dir, quick: bool = False) -> dict:
     return out
 
 
+def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
+    """Train `cfg` into `out` in a child process (`spinformer run ... --resume`), resumed from
+    its last checkpoint whenever `metrics.jsonl` stops growing for `stall_s` seconds.
+
+    Why: training free-energy attention on XLA:CPU (jaxlib 0.10.2) sometimes deadlocks inside
+    one step — every thread idle, the step never returns — after a few hundred steps or at
+    once after a resume; it did not reproduce in isolation. The watchdog turns a hang into a
+    restart that loses at most `train.checkpoint_every` steps; `restarts` counts them.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    spec = out / "sweep_config.yaml"
+    sf.config.save_config(cfg, spec)
+    metrics = out / "metrics.jsonl"
+    restarts = 0
+    while True:
+        cmd = [sys.executable, "-m", "spinformer", "run", str(spec), "--out", str(out),
+               "--no-progress"] + (["--resume"] if (out / "config.yaml").exists() else [])
+        with open(out / "train.log", "a") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            last, seen = time.time(), None
+            while proc.poll() is None:
+                time.sleep(2.0)
+                stamp = metrics.stat().st_mtime if metrics.exists() else None
+                if stamp != seen:
+                    last, seen = time.time(), stamp
+                elif time.time() - last > stall_s:
+                    proc.kill()
+                    proc.wait()
+                    break
+        if proc.returncode == 0 and (out / "summary.json").exists():
+            summary = json.loads((out / "summary.json").read_text())
+            summary["restarts"] = restarts
+            return summary
+        if proc.returncode not in (None, -9):  # the run itself failed (not killed by us)
+            tail = (out / "train.log").read_text().strip().splitlines()[-1:]
+            raise RuntimeError(tail[0] if tail else f"exit code {proc.returncode}")
+        restarts += 1
+        print(f"{out.name}: no progress for {stall_s:.0f} s, restart {restarts} from the "
+              "last checkpoint", flush=True)
+
+
 def cmd_run(args):
     runs = pathlib.Path(args.runs)
     variants = args.variants.split(",") if args.variants else list(MAIN)
@@ -104,8 +149,8 @@ def cmd_run(args):
                 continue
             t0 = time.time()
             try:
-                summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
-            except Exception as e:  # a solver that raised ends this run, not the sweep
+                summary = train_watched(cfg, out, args.stall)
+            except Exception as e:  # a run that raised ends this run, not the sweep
                 lines = [x.strip() for x in str(e).splitlines() if x.strip()]
                 msg = lines[-1] if lines else type(e).__name__
                 (out / "failed.json").write_text(json.dumps(
@@ -116,6 +161,7 @@ def cmd_run(args):
             test = test_metrics(out, args.quick)
             test["wall_time_s"] = summary.get("wall_time_s")
             test["num_params"] = summary.get("num_params")
+            test["restarts"] = summary.get("restarts", 0)
             (out / "test.json").write_text(json.dumps(test, indent=2))
             print(f"{variant} seed {seed}: val {summary['metrics']['accuracy']:.4f} test "
                   f"{test['accuracy']:.4f} ({time.time() - t0:.0f} s)", flush=True)
@@ -295,6 +341,9 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="override train.steps")
     p.add_argument("--quick", action="store_true", help="a smoke test on digits")
+    p.add_argument("--stall", type=float, default=240.0,
+                   help="restart a run from its last checkpoint after this many seconds "
+                        "without a new metrics line")
     args = p.parse_args(argv)
     if args.command in ("run", "all"):
         cmd_run(args)
