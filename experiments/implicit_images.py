@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -94,13 +95,35 @@ def test_metrics(run_dir, quick: bool = False) -> dict:
     return out
 
 
+def _cpu_seconds(pid: int):
+    """User + system CPU seconds of a process (Linux /proc), or None where unavailable."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _mtime_of(seen):
+    return None if seen is None else seen[0]
+
+
+def _busy(cpu, seen, min_cpu_s: float = 0.5) -> bool:
+    """More than `min_cpu_s` CPU seconds since the last progress mark."""
+    if cpu is None or seen is None or seen[1] is None:
+        return seen is None
+    return cpu - seen[1] > min_cpu_s
+
+
 def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
     """Train `cfg` into `out` in a child process (`spinformer run ... --resume`), resumed from
-    its last checkpoint whenever `metrics.jsonl` stops growing for `stall_s` seconds.
+    its last checkpoint whenever it neither writes a metrics line nor spends CPU time for
+    `stall_s` seconds.
 
     Why: training free-energy attention on XLA:CPU (jaxlib 0.10.2) sometimes deadlocks inside
-    one step — every thread idle, the step never returns — after a few hundred steps or at
-    once after a resume; it did not reproduce in isolation. The watchdog turns a hang into a
+    one step — every thread idle (gdb), the step never returns — after a few to a few hundred
+    steps, also in a bare training loop outside the trainer, but not in microbenchmarks of
+    its pieces (LAPACK Cholesky/eigvalsh in vmapped while loops). The watchdog turns a hang into a
     restart that loses at most `train.checkpoint_every` steps; `restarts` counts them.
     """
     out.mkdir(parents=True, exist_ok=True)
@@ -116,8 +139,11 @@ def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
             last, seen = time.time(), None
             while proc.poll() is None:
                 time.sleep(2.0)
-                stamp = metrics.stat().st_mtime if metrics.exists() else None
-                if stamp != seen:
+                # progress: a new metrics line, or CPU time spent (compiling counts); a
+                # deadlocked process spends none
+                stamp = (metrics.stat().st_mtime if metrics.exists() else None,
+                         _cpu_seconds(proc.pid))
+                if stamp[0] != _mtime_of(seen) or _busy(stamp[1], seen):
                     last, seen = time.time(), stamp
                 elif time.time() - last > stall_s:
                     proc.kill()
@@ -341,9 +367,9 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="override train.steps")
     p.add_argument("--quick", action="store_true", help="a smoke test on digits")
-    p.add_argument("--stall", type=float, default=240.0,
+    p.add_argument("--stall", type=float, default=60.0,
                    help="restart a run from its last checkpoint after this many seconds "
-                        "without a new metrics line")
+                        "without a new metrics line or CPU time spent (a deadlock)")
     args = p.parse_args(argv)
     if args.command in ("run", "all"):
         cmd_run(args)
