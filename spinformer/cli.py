@@ -173,8 +173,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# XLA:CPU's multithreaded Eigen pool (jaxlib 0.10.2) deadlocked training free-energy attention
+# (every thread idle, one step never returning) after a few to a few hundred steps; with
+# single-threaded Eigen, 750 steps ran clean where the same loop hung within 100. It only
+# concerns the CPU backend; SPINFORMER_XLA_CPU_EIGEN_THREADS=1 keeps the pool.
+_CPU_FLAG = "--xla_cpu_multi_thread_eigen=false"
+
+
+def _safe_cpu_flags() -> None:
+    """Add `_CPU_FLAG` to XLA_FLAGS (before JAX starts its backend) unless opted out."""
+    import os
+
+    if os.environ.get("SPINFORMER_XLA_CPU_EIGEN_THREADS") == "1":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_CPU_FLAG}".strip()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `spinformer` console script."""
+    _safe_cpu_flags()
     from .config import ConfigError
 
     args = build_parser().parse_args(argv)
