@@ -1,17 +1,29 @@
-"""Loss, accuracy and solver-step figures (PNG, matplotlib's Agg backend)."""
+"""Loss, accuracy and solver-step figures (PNG files, drawn without pyplot)."""
 
 from __future__ import annotations
 
 import pathlib
 
 
+class _Figures:
+    """`subplots`/`close` on bare `matplotlib.figure.Figure`s: the run's PNGs are drawn without
+    pyplot, so training inside a notebook leaves its inline backend alone (selecting Agg
+    there would silently hide every later figure)."""
+
+    @staticmethod
+    def subplots(*args, figsize=None, **kwargs):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=figsize)
+        return fig, fig.subplots(*args, **kwargs)
+
+    @staticmethod
+    def close(fig) -> None:
+        del fig
+
+
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return _Figures
 
 
 def _series(records, split, key):
