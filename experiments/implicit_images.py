@@ -253,13 +253,15 @@ def cmd_report(args):
         "and initialisation seed) to softmax, with 95% t-intervals. Solver columns: mean "
         "forward Anderson steps (and backward linear-solve products) per solve in the first "
         "and last tenth of training, the most logged, and the fraction of failed forward "
-        "solves in the last tenth; ρ: spectral radius of ∂F/∂m at the trained model's fixed "
+        "solves in the last tenth and at its worst logged step; restarts: runs resumed after a "
+        "stalled process (see `train_watched`), summed over seeds; wall time: 2 CPU cores "
+        "shared with the other runs of the sweep; ρ: spectral radius of ∂F/∂m at the trained model's fixed "
         "points (mean / max over 32 test images; < 1 means the fixed point attracts).",
         "",
         "| variant | what | seeds | test acc. % (mean ± std) | gap to softmax [95% CI] | "
         "params | wall time (s) | fwd steps early → late (max) | bwd products early → "
-        "late | failed (late) | ρ mean / max |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "late | failed: late / most | restarts | ρ mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {s: r["test"]["accuracy"] for (v, s), r in rows.items() if v == "softmax"}
     for variant, (_, _, label) in VARIANTS.items():
@@ -279,19 +281,21 @@ def cmd_report(args):
         solver = (f"{_fmt(avg('fwd_early'))} → {_fmt(avg('fwd_late'))} "
                   f"({_fmt(max((t['fwd_max'] for t in tr), default=None))})" if tr else "–")
         bwd = f"{_fmt(avg('bwd_early'))} → {_fmt(avg('bwd_late'))}" if tr else "–"
-        fail = _fmt(avg("fail_late"), ".3f") if tr else "–"
+        fail = (f"{_fmt(avg('fail_late'), '.3f')} / "
+                f"{_fmt(max((t['fail_any'] for t in tr), default=None), '.3f')}" if tr else "–")
         rho = [(r["test"]["spectral_radius_mean"], r["test"]["spectral_radius_max"])
                for r in got.values() if "spectral_radius_mean" in r["test"]]
         rho_s = (f"{np.mean([a for a, _ in rho]):.2f} / {max(b for _, b in rho):.2f}"
                  if rho else "–")
         params = next(iter(got.values()))["test"].get("num_params") if got else None
         wall = np.mean([r["test"]["wall_time_s"] or 0 for r in got.values()]) if got else None
+        restarts = sum(r["test"].get("restarts", 0) for r in got.values()) if got else "–"
         nf = len(failed.get(variant, []))
         seeds = f"{len(got)}" + (f" (+{nf} failed)" if nf else "")
         mean_std = f"{acc.mean():.2f} ± {acc.std(ddof=1) if len(acc) > 1 else 0:.2f}" if got else "–"
         lines.append(f"| {variant} | {label} | {seeds} | {mean_std} | {gap} | "
                      f"{params or '–'} | {_fmt(wall, '.0f')} | {solver} | {bwd} | {fail} | "
-                     f"{rho_s} |")
+                     f"{restarts} | {rho_s} |")
     for variant, items in failed.items():
         for seed, f in items:
             lines.append(f"\n- {variant} seed {seed} failed after step "
