@@ -125,7 +125,8 @@ def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
     steps, also in a bare training loop outside the trainer, but not in microbenchmarks of
     its pieces (LAPACK Cholesky/eigvalsh in vmapped while loops). The `spinformer` command now
     runs XLA:CPU's legacy runtime on jaxlib 0.10 (see `spinformer.cli`), which avoided it in
-    our tests; the watchdog stays as insurance: it turns a hang into a restart that loses at most `train.checkpoint_every` steps; `restarts` counts them.
+    our tests; the watchdog stays as insurance: it turns a hang into a restart that loses at
+    most `train.checkpoint_every` steps; `restarts` counts them.
     """
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "sweep_config.yaml"
