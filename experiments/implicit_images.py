@@ -123,10 +123,10 @@ def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
     Why: training free-energy attention on XLA:CPU (jaxlib 0.10.2) sometimes deadlocks inside
     one step — every thread idle (gdb), the step never returns — after a few to a few hundred
     steps, also in a bare training loop outside the trainer, but not in microbenchmarks of
-    its pieces (LAPACK Cholesky/eigvalsh in vmapped while loops). The `spinformer` command now
-    runs XLA:CPU's legacy runtime on jaxlib 0.10 (see `spinformer.cli`), which avoided it in
-    our tests; the watchdog stays as insurance: it turns a hang into a restart that loses at
-    most `train.checkpoint_every` steps; `restarts` counts them.
+    its pieces (LAPACK Cholesky/eigvalsh in vmapped while loops); neither single-threaded
+    Eigen (`--xla_cpu_multi_thread_eigen=false`) nor `--xla_cpu_use_thunk_runtime=false`
+    (accepted but ignored by this XLA) prevented it. The watchdog turns a hang into a restart
+    that loses at most `train.checkpoint_every` steps; `restarts` counts them.
     """
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "sweep_config.yaml"

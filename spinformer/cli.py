@@ -173,33 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# XLA:CPU's thunk runtime (jaxlib 0.10.x) deadlocked while training free-energy attention:
-# one step never returned, every thread idle (gdb), after a few to a few hundred steps —
-# single-threaded Eigen did not help (8 stalls in 1,500 steps); the legacy runtime ran the
-# same resumed loop clean where it had hung at its first step. Unknown XLA flags are fatal,
-# so the flag is set only for the jaxlib versions known to have it, and only if the user has
-# not chosen; SPINFORMER_XLA_CPU_DEFAULTS=1 keeps XLA's defaults.
-_CPU_FLAG = "--xla_cpu_use_thunk_runtime=false"
-
-
-def _safe_cpu_flags() -> None:
-    """Add `_CPU_FLAG` to XLA_FLAGS (before JAX starts its backend) unless opted out."""
-    import os
-
-    import jaxlib
-
-    if os.environ.get("SPINFORMER_XLA_CPU_DEFAULTS") == "1":
-        return
-    if not jaxlib.__version__.startswith("0.10."):
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_use_thunk_runtime" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_CPU_FLAG}".strip()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `spinformer` console script."""
-    _safe_cpu_flags()
     from .config import ConfigError
 
     args = build_parser().parse_args(argv)
