@@ -114,6 +114,7 @@ def test_ngt_nli_quick(tmp_path, monkeypatch):
     assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before
 
 
+@pytest.mark.slow
 def test_implicit_images_quick(tmp_path, monkeypatch):
     """The Fashion-MNIST sweep end to end on the digits: the three main configs train, are
     evaluated on the test split (the implicit one with its spectral radius), the report

@@ -205,23 +205,21 @@ def test_early_stopping_and_outputs(tmp_path):
 def test_solver_steps_figure_draws_counted_backward_products(tmp_path, monkeypatch):
     from spinformer.train import _figures
 
-    drawn = []
-    real = _figures._plot_solver_steps
+    figures = []
+    real = _figures._Figures.subplots
 
-    def spy(plt, runs, path):
-        out = real(plt, runs, path)
-        drawn.extend(line.get_label() for ax in plt.gcf().axes for line in ax.get_lines())
-        return out
+    def spy(*args, **kwargs):  # keep every figure the run draws, to look at it
+        fig, axes = real(*args, **kwargs)
+        figures.append(fig)
+        return fig, axes
 
-    import matplotlib.pyplot as plt
-
-    monkeypatch.setattr(_figures, "_plot_solver_steps", spy)
-    monkeypatch.setattr(plt, "close", lambda fig: None)  # keep the figure to look at it
+    monkeypatch.setattr(_figures._Figures, "subplots", staticmethod(spy))
     recs = [{"step": s, "split": "train", "loss": 1.0, "accuracy": 0.5, "solver_steps/0": 8.0,
              "solver_steps/1": 9.0, "backward_steps/0": 12.0, "backward_steps/1": -1.0}
             for s in (10, 20)]
     paths = train.plot_run(recs, tmp_path)
     assert (tmp_path / "solver_steps.png") in paths
+    drawn = [line.get_label() for fig in figures for ax in fig.axes for line in ax.get_lines()]
     # layer 0 counts its backward products, layer 1's linear solver does not (-1): not drawn
     assert "layer 0 backward products" in drawn
     assert not any(label.startswith("layer 1 backward") for label in drawn)
