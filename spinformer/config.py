@@ -200,9 +200,36 @@ class TrainConfig:
     keep_checkpoints: int = _f(3, "how many recent checkpoints to keep")
     seed: int = _f(0, "seed of the model initialisation and dropout")
     progress: bool = _f(True, "show a progress bar")
+    max_bad_steps: int = _f(20, "a step whose loss or gradient is NaN or infinite is skipped "
+                            "(parameters and optimiser state unchanged, counted as bad_steps); "
+                            "this many in a row stop the run, keeping its checkpoints")
+    accumulate: int = _f(1, "gradient accumulation: each optimizer step averages the gradients "
+                         "of this many micro-batches of data.batch_size examples (effective "
+                         "batch accumulate * batch_size)")
+    precision: str = _f("float32", "float32, or bfloat16: matrix products in bfloat16 with "
+                        "float32 parameters, optimiser state and fixed-point solves",
+                        ("float32", "bfloat16"))
+    mesh: Optional[dict] = _f(None, "device mesh for data parallelism, axis name -> size, e.g. "
+                              "{data: 4} or {data: 2, model: 2} (a size -1 takes the remaining "
+                              "devices); null: every device on the data axis")
 
     def __post_init__(self):
         _need(self.steps >= 1, f"steps={self.steps} must be >= 1.")
+        _need(self.max_bad_steps >= 1, f"max_bad_steps={self.max_bad_steps} must be >= 1.")
+        _need(self.accumulate >= 1, f"accumulate={self.accumulate} must be >= 1.")
+        if self.mesh is not None:
+            _need(isinstance(self.mesh, dict) and len(self.mesh) > 0,
+                  f"mesh={self.mesh!r} must be a mapping of axis names to sizes, e.g. "
+                  "{data: 4}, or null.")
+            unknown = sorted(set(self.mesh) - {"data", "model"})
+            _need(not unknown, f"mesh: unknown axis {unknown[0]!r}; the axes are data and "
+                  "model." if unknown else "")
+            for name, size in self.mesh.items():
+                _need(isinstance(size, int) and not isinstance(size, bool)
+                      and (size >= 1 or size == -1),
+                      f"mesh.{name}={size!r} must be a positive integer or -1 (the rest).")
+            _need(sum(1 for v in self.mesh.values() if v == -1) <= 1,
+                  "mesh: at most one axis may have size -1.")
         _need(self.lr > 0, f"lr={self.lr} must be > 0.")
         _need(self.log_every >= 1 and self.eval_every >= 1,
               "log_every and eval_every must be >= 1.")
@@ -288,6 +315,10 @@ def _coerce(value, tp, where: str):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{where}: expected a string, got {value!r}.")
+    if tp is dict:
+        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            return dict(value)
+        raise ConfigError(f"{where}: expected a mapping such as {{data: 2}}, got {value!r}.")
     raise ConfigError(f"{where}: unsupported field type {tp!r}.")  # pragma: no cover
 
 
@@ -322,7 +353,7 @@ def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
             continue
         v = _coerce(value, tp, where)
         renamed = fields[key].metadata.get("renamed", {})
-        if v in renamed:
+        if renamed and v in renamed:
             raise ConfigError(f"{where}: {v!r} is now called {renamed[v]!r}; use "
                               f"{where}={renamed[v]}.")
         choices = fields[key].metadata.get("choices")
