@@ -76,11 +76,27 @@ def test_step_key_is_explicit_and_compiles_once(tmp_path):
     assert traces.count(True) == 2
 
 
-def test_divergence_names_the_checkpoint(tmp_path):
+def test_divergence_skips_then_stops_naming_the_checkpoint(tmp_path):
     cfg = _tiny_cfg(**{"train.lr": "1e38", "train.warmup_steps": "0", "train.log_every": "1",
-                       "train.checkpoint_every": "1", "train.steps": "4"})
-    with pytest.raises(FloatingPointError, match="diverged at step 2.*ckpt-00000001.*Lower"):
+                       "train.checkpoint_every": "1", "train.steps": "8",
+                       "train.max_bad_steps": "3"})
+    with pytest.raises(FloatingPointError, match=r"diverged at step (\d+): 3 steps in a row.*"
+                       r"ckpt-0000000\1.*skipped steps changed nothing.*Lower"):
         train.run(cfg, tmp_path)
+    recs = [r for r in train.read_metrics(tmp_path) if r["split"] == "train"]
+    bad = [r["bad_step"] for r in recs]
+    assert bad[-3:] == [1.0, 1.0, 1.0] and recs[-1]["bad_steps"] == sum(bad)
+    # the three kept checkpoints are those of the three skipped steps: the same finite state
+    # (parameters and optimiser state unchanged by a skipped step)
+    ds = train.build_dataset(cfg)
+    like = train.build_model(cfg, ds, key=jax.random.key(0))
+    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
+    got = [train.read_checkpoint(p, like) for _, p in train.list_checkpoints(tmp_path)]
+    assert len(got) == 3 and got[-1][3]["bad_steps"] == recs[-1]["bad_steps"]
+    states = [jax.tree.leaves(eqx.filter((m, o), eqx.is_array)) for _, m, o, _ in got]
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in states[-1] if x.dtype.kind == "f")
+    for other in states[:-1]:
+        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(other, states[-1]))
 
 
 def test_solver_statistics_per_layer(tmp_path):

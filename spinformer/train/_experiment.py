@@ -10,6 +10,7 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
+from . import _mesh
 from ._checkpoint import load_latest
 from ._loop import fit
 from ._step import init_opt_state
@@ -91,6 +92,17 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     return make(key)
 
 
+def build_mesh(cfg: "_config.Config"):
+    """The device mesh of `train.mesh` (None on a single device with no mesh asked for:
+    training then runs unsharded, as it always has). Raises `ConfigError` when the mesh does
+    not fit the devices or `data.batch_size` does not split over its `data` axis."""
+    if cfg.train.mesh is None and jax.device_count() == 1:
+        return None
+    mesh = _mesh.make_mesh(cfg.train.mesh)
+    _mesh.check_batch_size(cfg.data.batch_size, mesh)
+    return mesh
+
+
 def build_optimizer(cfg: "_config.Config"):
     t = cfg.train
     return make_optimizer(
@@ -132,13 +144,15 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
                 f"{', '.join(changed)}; resume with the same config, or start a new run with "
                 "another --out."
             )
+    mesh = build_mesh(cfg)
     dataset = build_dataset(cfg)
     model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
     optimizer = build_optimizer(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    _config.save_config(cfg, saved)
-    if callable(getattr(dataset, "save", None)):  # e.g. the vocabulary of a tokenizer
-        dataset.save(out)
+    if _mesh.is_writer():  # with several processes only process 0 writes
+        out.mkdir(parents=True, exist_ok=True)
+        _config.save_config(cfg, saved)
+        if callable(getattr(dataset, "save", None)):  # e.g. the vocabulary of a tokenizer
+            dataset.save(out)
     t = cfg.train
     extra = {
         "num_params": num_params(model),
@@ -152,7 +166,8 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         keep_checkpoints=t.keep_checkpoints, resume=resume,
         progress=t.progress if progress is None else progress,
         lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
-        extra_summary=extra,
+        extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
+        precision=t.precision, mesh=mesh,
     )
     return summary
 

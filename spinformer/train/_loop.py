@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import signal
 import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -14,8 +16,48 @@ import numpy as np
 from tqdm import tqdm
 
 from . import _checkpoint as ckpt
+from . import _mesh
 from ._figures import plot_run
 from ._step import evaluate, init_opt_state, jit_step, to_device
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped by SIGTERM or SIGINT after writing a checkpoint; `--resume`
+    continues exactly where it stopped.
+
+    **Attributes:** `signum`, `step` (the last completed step), `checkpoint` (its path)."""
+
+    def __init__(self, signum: int, step: int, checkpoint):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} at step {step}: checkpoint written to {checkpoint}; "
+                         "continue with --resume.")
+
+
+class _Signals:
+    """While active, SIGTERM and SIGINT only set `received` (the loop checkpoints and stops
+    after the step in flight); a second signal interrupts at once. Inactive outside the main
+    thread, where Python cannot install handlers."""
+
+    def __init__(self):
+        self.received: Optional[int] = None
+        self.old: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:  # asked twice: stop now (checkpoints on disk are intact)
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def _read_records(path: pathlib.Path) -> list[dict]:
@@ -85,19 +127,30 @@ class _Progress:
             self._print()
 
 
-def _divergence_message(rec: dict, out: pathlib.Path) -> str:
+def _divergence_message(step: int, bad: int, metrics: dict, out: pathlib.Path) -> str:
     """What diverged, where to restart from, and what to look at."""
     last = ckpt.list_checkpoints(out)
-    where = (f"the last good checkpoint is {last[-1][1]} (step {last[-1][0]})" if last
-             else "no checkpoint was written before it")
-    failures = rec.get("solver_failures")
-    solver = (f"; {failures:.0%} of this step's forward solves failed" if failures else "")
+    where = (f"the newest checkpoint is {last[-1][1]} (step {last[-1][0]}; the skipped steps "
+             "changed nothing)" if last else "no checkpoint was written")
+    failures = metrics.get("solver_failures")
+    solver = (f"; {failures:.0%} of the last step's forward solves failed" if failures else "")
     return (
-        f"training diverged at step {rec['step']}: the training loss is {rec['loss']} "
-        f"(gradient norm {rec.get('grad_norm', float('nan')):.3g}){solver}; {where}. "
+        f"training diverged at step {step}: {bad} steps in a row had a non-finite loss, "
+        f"gradient or update (the last: loss {metrics.get('loss')}, gradient norm "
+        f"{metrics.get('grad_norm', float('nan')):.3g}){solver}, and were skipped; {where}. "
         "Lower train.lr (or set train.grad_clip), and check the solver_steps and "
-        f"solver_failures columns of {out / 'metrics.jsonl'}."
+        f"solver_failures columns of {out / 'metrics.jsonl'}; train.max_bad_steps sets how "
+        "many skipped steps in a row are tolerated."
     )
+
+
+def _train_batch(dataset, step: int, accumulate: int):
+    """The batch of optimizer step `step`: `dataset.batch(step)`, or with accumulation the
+    micro-batches `step*k .. step*k + k-1` stacked on a new leading axis."""
+    if accumulate == 1:
+        return dataset.batch(step, "train")
+    parts = [dataset.batch(step * accumulate + j, "train") for j in range(accumulate)]
+    return {k: np.stack([p[k] for p in parts]) for k in parts[0]}
 
 
 def fit(
@@ -118,6 +171,10 @@ def fit(
     progress: bool = True,
     lr_schedule=None,
     extra_summary: Optional[dict[str, Any]] = None,
+    max_bad_steps: int = 20,
+    accumulate: int = 1,
+    precision: str = "float32",
+    mesh=None,
 ):
     """Train `model` on `dataset` and write a run directory.
 
@@ -134,32 +191,49 @@ def fit(
       uninterrupted run's.
     - `progress`: show progress on stderr: a tqdm bar when stderr is a terminal, otherwise
       one line every `PROGRESS_EVERY_S` seconds (a log file gets no bar redraws).
+    - `max_bad_steps`: a step with a non-finite loss, gradient or update is skipped (nothing
+      changes; the records count them in `bad_steps`); this many in a row raise
+      `FloatingPointError` after writing a checkpoint of the (still finite) state.
+    - `accumulate`, `precision`: see `jit_step`.
+    - `mesh`: a `jax.sharding.Mesh` from `make_mesh` (None: this process's default device,
+      nothing sharded). Batches are split over its `data` axis, the model and optimiser
+      state replicated (or split over `model`); the metrics are global. With several
+      processes only process 0 writes files.
+
+    SIGTERM or SIGINT (in the main thread) finish the step in flight, write a checkpoint and
+    raise `TrainingInterrupted`; `resume=True` then continues bit-identically.
 
     **Returns:** `(model, summary)` where `summary` is what `summary.json` holds.
     """
     out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    writer = _mesh.is_writer()
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     opt_state = init_opt_state(optimizer, model)
     start = 0
     es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
-    elapsed_before = 0.0
+    elapsed_before, bad_total = 0.0, 0
+    records_kept: list[dict] = []
     if resume:
         got = ckpt.load_latest(out, (model, opt_state))
         if got is not None:
             start, model, opt_state, meta = got
             es = meta.get("early_stopping", es)
             elapsed_before = float(meta.get("elapsed_s", 0.0))
+            bad_total = int(meta.get("bad_steps", 0))
             if meta.get("data_position", start) != start:
                 raise RuntimeError("checkpoint data position does not match its step.")
-            records = [r for r in _read_records(metrics_path) if r.get("step", 0) <= start]
-            _write_records(metrics_path, records)
-        else:
-            _write_records(metrics_path, [])
-    else:
-        _write_records(metrics_path, [])
+            records_kept = [r for r in _read_records(metrics_path) if r.get("step", 0) <= start]
+    if writer:
+        _write_records(metrics_path, records_kept)
 
-    eval_set = [dataset.batch(i, "val") for i in range(eval_batches)]
+    def place_batch(b):
+        return to_device(b) if mesh is None else _mesh.shard_batch(b, mesh)
+
+    if mesh is not None:
+        model, opt_state = _mesh.place_state((model, opt_state), mesh)
+    eval_set = [place_batch(dataset.batch(i, "val")) for i in range(eval_batches)]
     base_key = jax.random.key(seed)
     t0 = time.perf_counter()
 
@@ -167,8 +241,9 @@ def fit(
         return elapsed_before + time.perf_counter() - t0
 
     def log(record):
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if writer:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
 
     def save(step):
         meta = {
@@ -176,51 +251,61 @@ def fit(
             "rng": {"seed": seed, "key_data": np.asarray(jax.random.key_data(base_key)).tolist()},
             "early_stopping": es,
             "elapsed_s": now(),
+            "bad_steps": bad_total,
         }
-        ckpt.save_checkpoint(out, step, model, opt_state, meta, keep=keep_checkpoints)
+        state = (model, opt_state) if mesh is None else _mesh.gather((model, opt_state))
+        if writer:
+            return ckpt.save_checkpoint(out, step, *state, meta, keep=keep_checkpoints)
+        return ckpt.checkpoint_path(out, step)
 
     step = start
     last_eval: Optional[dict] = None
-    train_step = jit_step(optimizer)  # compiled once for the whole run
-    show = _Progress(out.name, steps, start, enabled=progress)
-    try:
-        while step < steps and not es["stopped_early"]:
-            batch = to_device(dataset.batch(step, "train"))
-            key = jax.random.fold_in(base_key, step)
-            model, opt_state, metrics = train_step(model, opt_state, batch, key)
-            step += 1
-            rec = None
-            if step % log_every == 0 or step == steps:
-                rec = {"step": step, "split": "train",
-                       **{k: float(v) for k, v in metrics.items()}}
-                if lr_schedule is not None:
-                    rec["lr"] = float(lr_schedule(step - 1))
-                rec["time_s"] = round(now(), 3)
-                log(rec)
-                if not math.isfinite(rec["loss"]):
-                    raise FloatingPointError(_divergence_message(rec, out))
-            show.update(step, rec)
-            if step % eval_every == 0 or step == steps:
-                last_eval = evaluate(model, eval_set)
-                log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
-                if last_eval["loss"] < es["best_loss"]:
-                    es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
-                else:
-                    es["bad_evals"] += 1
-                    if patience and es["bad_evals"] >= patience:
-                        es["stopped_early"] = True
-            if checkpoint_every and step % checkpoint_every == 0:
-                save(step)
-    finally:
-        show.close()
+    train_step = jit_step(optimizer, accumulate=accumulate, precision=precision)  # compiled once
+    show = _Progress(out.name, steps, start, enabled=progress and writer)
+    bad_run = 0
+    with _Signals() as signals:
+        try:
+            while step < steps and not es["stopped_early"]:
+                batch = place_batch(_train_batch(dataset, step, accumulate))
+                key = jax.random.fold_in(base_key, step)
+                model, opt_state, metrics = train_step(model, opt_state, batch, key)
+                step += 1
+                bad = bool(metrics["bad_step"])
+                bad_run = bad_run + 1 if bad else 0
+                bad_total += bad
+                rec = None
+                if step % log_every == 0 or step == steps or bad_run >= max_bad_steps:
+                    rec = {"step": step, "split": "train",
+                           **{k: float(v) for k, v in metrics.items()}, "bad_steps": bad_total}
+                    if lr_schedule is not None:
+                        rec["lr"] = float(lr_schedule(step - 1))
+                    rec["time_s"] = round(now(), 3)
+                    log(rec)
+                if bad_run >= max_bad_steps:
+                    save(step)
+                    raise FloatingPointError(_divergence_message(
+                        step, bad_run, {k: float(v) for k, v in metrics.items()}, out))
+                show.update(step, rec)
+                if step % eval_every == 0 or step == steps:
+                    last_eval = evaluate(model, eval_set)
+                    log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
+                    if last_eval["loss"] < es["best_loss"]:
+                        es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
+                    else:
+                        es["bad_evals"] += 1
+                        if patience and es["bad_evals"] >= patience:
+                            es["stopped_early"] = True
+                if checkpoint_every and step % checkpoint_every == 0:
+                    save(step)
+                if signals.received is not None:
+                    path = save(step)
+                    raise TrainingInterrupted(signals.received, step, path)
+        finally:
+            show.close()
 
-    records = _read_records(metrics_path)
-    if last_eval is None:
-        vals = [r for r in records if r.get("split") == "val" and r.get("step") == step]
-        last_eval = (
-            {k: v for k, v in vals[-1].items() if k not in ("step", "split", "time_s")}
-            if vals else evaluate(model, eval_set)
-        )
+    records = _read_records(metrics_path) if writer else []
+    if last_eval is None:  # resumed a finished run: every process evaluates (collectives)
+        last_eval = evaluate(model, eval_set)
     if not (checkpoint_every and step % checkpoint_every == 0):
         save(step)
     summary = {
@@ -228,9 +313,11 @@ def fit(
         "metrics": last_eval,
         "best": {"step": es["best_step"], "loss": es["best_loss"]},
         "stopped_early": bool(es["stopped_early"]),
+        "bad_steps": bad_total,
         "wall_time_s": round(now(), 2),
         **(extra_summary or {}),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_run(records, out)
+    if writer:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_run(records, out)
     return model, summary

@@ -121,15 +121,94 @@ def _backward_metrics(records: list[Array]) -> dict[str, Array]:
     return out
 
 
-def _step(model, opt_state, batch, key=None, *, optimizer):
-    (loss, metrics), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, batch, key)
+class _MixedLinear(eqx.Module):
+    """An `eqx.nn.Linear` whose product runs in bfloat16 with float32 accumulation and
+    output; its parameters (`weight`, `bias`, read through) stay float32."""
+
+    inner: eqx.nn.Linear
+
+    @property
+    def weight(self):
+        return self.inner.weight
+
+    @property
+    def bias(self):
+        return self.inner.bias
+
+    def __getattr__(self, name):  # in_features, out_features, use_bias, ...
+        return getattr(self.inner, name)
+
+    def __call__(self, x, *, key=None):
+        w = self.inner.weight
+        y = jnp.matmul(w.astype(jnp.bfloat16), x.astype(jnp.bfloat16),
+                       preferred_element_type=jnp.float32).astype(x.dtype)
+        if self.inner.bias is not None:
+            y = y + self.inner.bias
+        return y
+
+
+def mixed_precision(model):
+    """`model` with every `eqx.nn.Linear` computing in bfloat16 (float32 accumulation and
+    output). Parameters, their gradients and everything else — the attention's fixed-point
+    solves, LayerNorm, softmax, the loss — stay float32: a solve's tolerance (1e-4 .. 1e-6)
+    is below bfloat16's resolution (2^-8 ~ 4e-3), so a bfloat16 solve would never report
+    convergence, and its implicit gradient needs the accurate fixed point."""
+    is_linear = lambda m: isinstance(m, eqx.nn.Linear)  # noqa: E731
+    return jax.tree.map(lambda m: _MixedLinear(m) if is_linear(m) else m, model,
+                        is_leaf=is_linear)
+
+
+def _all_finite(tree) -> Array:
+    leaves = [x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))]
+    if not leaves:
+        return jnp.asarray(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def _grads(model, batch, key, *, precision: str, accumulate: int):
+    """`(loss, metrics), grads` of one batch, or the mean over `accumulate` micro-batches
+    stacked on the leading axis of every batch array (a `lax.scan`, one compiled body)."""
+    def value_and_grad(b, k):
+        def loss(m):
+            return loss_fn(mixed_precision(m) if precision == "bfloat16" else m, b, k)
+
+        return eqx.filter_value_and_grad(loss, has_aux=True)(model)
+
+    if accumulate == 1:
+        return value_and_grad(batch, key)
+    def body(total, xs):
+        b, i = xs
+        (loss, metrics), grads = value_and_grad(b, None if key is None
+                                                else jax.random.fold_in(key, i))
+        grads = eqx.filter(grads, eqx.is_inexact_array)
+        add = lambda a, g: a + g / accumulate  # noqa: E731
+        return jax.tree.map(add, total, (loss, metrics, grads)), None
+
+    (loss, metrics), grads0 = jax.eval_shape(
+        lambda: value_and_grad(jax.tree.map(lambda x: x[0], batch), key))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         (loss, metrics, eqx.filter(grads0, eqx.is_inexact_array)))
+    (loss, metrics, grads), _ = jax.lax.scan(body, zeros, (batch, jnp.arange(accumulate)))
+    return (loss, metrics), grads
+
+
+def _step(model, opt_state, batch, key=None, *, optimizer, accumulate: int = 1,
+          precision: str = "float32"):
+    (loss, metrics), grads = _grads(model, batch, key, precision=precision,
+                                    accumulate=accumulate)
     # the backward-solve records ride on probe cotangents: log them, keep them from the update
     grads, records = solvers.backward_stats(grads)
     metrics.update(_backward_metrics(records))
     params = eqx.filter(model, eqx.is_inexact_array)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    model = eqx.apply_updates(model, updates)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_model = eqx.apply_updates(model, updates)
+    # a non-finite loss, gradient or update is skipped: parameters and optimiser state stay
+    ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(new_model)
+    keep = lambda new, old: jnp.where(ok, new, old) if eqx.is_array(new) else new  # noqa: E731
+    model = jax.tree.map(keep, new_model, model)
+    opt_state = jax.tree.map(keep, new_opt_state, opt_state)
     metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["bad_step"] = (~ok).astype(jnp.float32)
     return model, opt_state, metrics
 
 
@@ -160,13 +239,26 @@ def make_step(
     return _step(model, opt_state, batch, key, optimizer=optimizer)
 
 
-def jit_step(optimizer: optax.GradientTransformation):
+def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
+             precision: str = "float32"):
     """`make_step` with `optimizer` bound: `step(model, opt_state, batch, key=None)`.
 
-    Jitted once: it compiles on its first call and reuses that for every later call with
-    arrays of the same shapes; the compiled step is freed with the returned function.
+    **Arguments:**
+
+    - `accumulate`: with k > 1 every batch array carries a leading micro-batch axis
+      `(k, B, ...)`; the step averages the k losses, metrics and gradients (one `lax.scan`)
+      and makes one update, as a batch of k·B would (up to the masks' weighting).
+    - `precision`: `"float32"` or `"bfloat16"` (see `mixed_precision`).
+
+    A step whose loss, gradient or updated parameters are not finite changes nothing (its
+    `bad_step` metric is 1). Jitted once: it compiles on its first call and reuses that for
+    every later call with arrays of the same shapes and shardings; the compiled step is freed
+    with the returned function.
     """
-    return eqx.filter_jit(functools.partial(_step, optimizer=optimizer))
+    if precision not in ("float32", "bfloat16"):
+        raise ValueError(f"precision={precision!r}: use 'float32' or 'bfloat16'.")
+    return eqx.filter_jit(functools.partial(_step, optimizer=optimizer, accumulate=accumulate,
+                                            precision=precision))
 
 
 @eqx.filter_jit
