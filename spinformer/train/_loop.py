@@ -260,7 +260,8 @@ def fit(
 
     step = start
     last_eval: Optional[dict] = None
-    train_step = jit_step(optimizer, accumulate=accumulate, precision=precision)  # compiled once
+    train_step = jit_step(optimizer, accumulate=accumulate, precision=precision,
+                          mesh=mesh)  # compiled once
     show = _Progress(out.name, steps, start, enabled=progress and writer)
     bad_run = 0
     with _Signals() as signals:

@@ -156,6 +156,16 @@ def place_state(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(put, tree, shardings, is_leaf=lambda x: x is None)
 
 
+def constrain_state(tree: Any, mesh: Mesh) -> Any:
+    """`jax.lax.with_sharding_constraint` of every array leaf to `state_shardings` (inside
+    `jit`: the step's outputs keep the layout of its inputs)."""
+    arrays, rest = eqx.partition(tree, eqx.is_array)
+    shardings = state_shardings(arrays, mesh)
+    arrays = jax.tree.map(lambda x, s: jax.lax.with_sharding_constraint(x, s), arrays,
+                          shardings)
+    return eqx.combine(arrays, rest)
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """Leading (batch) axis split over `data`, the rest replicated."""
     return NamedSharding(mesh, P("data", *([None] * (ndim - 1))))

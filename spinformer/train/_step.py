@@ -180,20 +180,19 @@ def _grads(model, batch, key, *, precision: str, accumulate: int):
         b, i = xs
         (loss, metrics), grads = value_and_grad(b, None if key is None
                                                 else jax.random.fold_in(key, i))
-        grads = eqx.filter(grads, eqx.is_inexact_array)
         add = lambda a, g: a + g / accumulate  # noqa: E731
         return jax.tree.map(add, total, (loss, metrics, grads)), None
 
     (loss, metrics), grads0 = jax.eval_shape(
         lambda: value_and_grad(jax.tree.map(lambda x: x[0], batch), key))
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         (loss, metrics, eqx.filter(grads0, eqx.is_inexact_array)))
+    # (the gradient tree has None where the model has no inexact array: kept as is)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, metrics, grads0))
     (loss, metrics, grads), _ = jax.lax.scan(body, zeros, (batch, jnp.arange(accumulate)))
     return (loss, metrics), grads
 
 
 def _step(model, opt_state, batch, key=None, *, optimizer, accumulate: int = 1,
-          precision: str = "float32"):
+          precision: str = "float32", mesh=None):
     (loss, metrics), grads = _grads(model, batch, key, precision=precision,
                                     accumulate=accumulate)
     # the backward-solve records ride on probe cotangents: log them, keep them from the update
@@ -209,6 +208,10 @@ def _step(model, opt_state, batch, key=None, *, optimizer, accumulate: int = 1,
     opt_state = jax.tree.map(keep, new_opt_state, opt_state)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["bad_step"] = (~ok).astype(jnp.float32)
+    if mesh is not None:  # keep the state's layout from step to step (no drift, no recompile)
+        from ._mesh import constrain_state
+
+        model, opt_state = constrain_state((model, opt_state), mesh)
     return model, opt_state, metrics
 
 
@@ -240,7 +243,7 @@ def make_step(
 
 
 def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
-             precision: str = "float32"):
+             precision: str = "float32", mesh=None):
     """`make_step` with `optimizer` bound: `step(model, opt_state, batch, key=None)`.
 
     **Arguments:**
@@ -249,6 +252,8 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
       `(k, B, ...)`; the step averages the k losses, metrics and gradients (one `lax.scan`)
       and makes one update, as a batch of k·B would (up to the masks' weighting).
     - `precision`: `"float32"` or `"bfloat16"` (see `mixed_precision`).
+    - `mesh`: the `Mesh` the state lives on (`train._mesh.place_state`); the returned model
+      and optimiser state are constrained to the same layout. None: whatever the inputs have.
 
     A step whose loss, gradient or updated parameters are not finite changes nothing (its
     `bad_step` metric is 1). Jitted once: it compiles on its first call and reuses that for
@@ -258,7 +263,7 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
     if precision not in ("float32", "bfloat16"):
         raise ValueError(f"precision={precision!r}: use 'float32' or 'bfloat16'.")
     return eqx.filter_jit(functools.partial(_step, optimizer=optimizer, accumulate=accumulate,
-                                            precision=precision))
+                                            precision=precision, mesh=mesh))
 
 
 @eqx.filter_jit
