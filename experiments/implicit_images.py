@@ -120,13 +120,15 @@ def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
     its last checkpoint whenever it neither writes a metrics line nor spends CPU time for
     `stall_s` seconds.
 
-    Why: training free-energy attention on XLA:CPU (jaxlib 0.10.2) sometimes deadlocks inside
-    one step — every thread idle (gdb), the step never returns — after a few to a few hundred
-    steps, also in a bare training loop outside the trainer, but not in microbenchmarks of
-    its pieces (LAPACK Cholesky/eigvalsh in vmapped while loops); neither single-threaded
-    Eigen (`--xla_cpu_multi_thread_eigen=false`) nor `--xla_cpu_use_thunk_runtime=false`
-    (accepted but ignored by this XLA) prevented it. The watchdog turns a hang into a restart
-    that loses at most `train.checkpoint_every` steps; `restarts` counts them.
+    Why: training free-energy attention on XLA:CPU (jaxlib 0.10.x) deadlocked inside one
+    step — every thread idle, the step never returns — about once in 150 steps on jaxlib
+    0.10.2 and at the first step every time on 0.10.1, also in a bare training loop. The
+    cause is XLA:CPU's concurrency-optimised scheduler: with
+    `--xla_cpu_enable_concurrency_optimized_scheduler=false` (which `import spinformer` now
+    sets) 1,600 steps ran without a stall on 0.10.2 and 0.10.1 no longer hangs; neither
+    single-threaded Eigen nor `EQX_ON_ERROR=nan` (no host callbacks) had helped. The watchdog
+    stays as a safety net: it turns a hang into a restart that loses at most
+    `train.checkpoint_every` steps; `restarts` counts them.
     """
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "sweep_config.yaml"
