@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import pathlib
 import types
 import typing
@@ -57,6 +58,20 @@ _f = option
 def _need(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+def _at_least(section, minimum, *names: str) -> None:
+    """Each named field of `section` (skipped when null) must be >= `minimum`."""
+    for name in names:
+        value = getattr(section, name)
+        _need(value is None or value >= minimum, f"{name}={value} must be >= {minimum}.")
+
+
+def _positive(section, *names: str) -> None:
+    """Each named field of `section` (skipped when null) must be > 0."""
+    for name in names:
+        value = getattr(section, name)
+        _need(value is None or value > 0, f"{name}={value} must be > 0.")
 
 
 @dataclass(frozen=True)
@@ -97,10 +112,11 @@ class DataConfig:
 
     def __post_init__(self):
         _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
-        _need(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1.")
-        _need(self.eval_batches >= 1, f"eval_batches={self.eval_batches} must be >= 1.")
-        _need(self.distractors >= 0, f"distractors={self.distractors} must be >= 0.")
-        _need(self.max_vocab >= 4, f"max_vocab={self.max_vocab} must be >= 4.")
+        _at_least(self, 1, "batch_size", "eval_batches", "max_chars", "max_examples",
+                  "val_size", "max_train")
+        _at_least(self, 0, "distractors", "seed")
+        # four special tokens and at least one word (`data.build_vocab`)
+        _need(self.max_vocab >= 5, f"max_vocab={self.max_vocab} must be >= 5.")
         _need(0.0 < self.val_fraction < 1.0,
               f"val_fraction={self.val_fraction} must be in (0, 1).")
 
@@ -155,6 +171,7 @@ def _check_model(self):
     if self.patch < 1 or self.conv_channels < 1:
         raise ConfigError(f"patch={self.patch} and conv_channels={self.conv_channels} must be "
                           ">= 1.")
+    _at_least(self, 0, "ffn_hidden")
 
 
 def _make_model_config():
@@ -236,6 +253,10 @@ class TrainConfig:
         _need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1.")
         _need(self.patience >= 0 and self.checkpoint_every >= 0,
               "patience and checkpoint_every must be >= 0.")
+        _at_least(self, 0, "coupling_lr", "weight_decay", "coupling_weight_decay",
+                  "warmup_steps", "grad_clip", "seed")
+        _need(0.0 <= self.min_lr_ratio <= 1.0,
+              f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
 
 
 @dataclass(frozen=True)
@@ -273,6 +294,11 @@ class Config:
 # --------------------------------------------------------------------------- conversion
 
 
+# integers are sizes, counts and seeds, used as int32 by JAX (a larger seed would be
+# silently truncated to 32 bits)
+_INT_LIMIT = 2**31
+
+
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -297,20 +323,28 @@ def _coerce(value, tp, where: str):
             return value
         raise ConfigError(f"{where}: expected true or false, got {value!r}.")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not -_INT_LIMIT <= value < _INT_LIMIT:
+                raise ConfigError(f"{where}: {value} is out of range; config integers lie "
+                                  "between -2**31 and 2**31 - 1.")
+            return value
         raise ConfigError(f"{where}: expected an integer, got {value!r}.")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value) if abs(value) < 2**1024 else math.inf
+        elif isinstance(value, str):
             try:
-                return float(value)  # YAML 1.1 reads "1e-3" as a string
+                number = float(value)  # YAML 1.1 reads "1e-3" as a string
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}.")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -441,7 +475,17 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
             raise ConfigError(f"config file {str(p)!r} not found; `spinformer list` shows the "
                               "shipped configs.")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            text = p.read_bytes().decode("utf-8")
+        except IsADirectoryError:
+            raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file.") from None
+        except OSError as e:
+            raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror or e})."
+                              ) from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} at "
+                              f"offset {e.start}); a config is a YAML text.") from None
+        try:
+            raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {e}") from e
         if not isinstance(raw, dict):

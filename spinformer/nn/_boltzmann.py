@@ -73,6 +73,8 @@ class BoltzmannConfig:
             raise ConfigError("num_samples, dqa_steps and max_steps must be >= 1.")
         if not (self.burn_in >= 0 and self.init_scale >= 0):
             raise ConfigError("burn_in and init_scale must be >= 0.")
+        if not (self.dqa_time > 0 and self.tol > 0):
+            raise ConfigError(f"dqa_time={self.dqa_time} and tol={self.tol} must be > 0.")
 
 
 def _uses(mode: str) -> tuple[bool, bool, bool]:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import option
+from .._schema import ConfigError, option
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
@@ -56,6 +56,13 @@ class FreeEnergyConfig:
     tol: float = option(1e-5, "saddle tolerance: max relative violation of the spherical "
                         "constraint")
     max_steps: int = option(50, "most Newton steps of the saddle solve")
+
+    def __post_init__(self):
+        # the saddle exists and is unique for every beta > 0 (`spins.free_energy`)
+        if not (self.beta > 0 and self.tol > 0):
+            raise ConfigError(f"beta={self.beta} and tol={self.tol} must be > 0.")
+        if not self.max_steps >= 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be >= 1.")
 
 
 @register_attention("free_energy", config=FreeEnergyConfig, help="free-energy (AFEM) "

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import option
+from .._schema import ConfigError, option
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._masks import combine_masks
@@ -83,6 +83,15 @@ class ImplicitConfig:
                                      "‖∂F/∂m‖_F²/(N d) added to the loss (0: off)")
     spectral_steps: int = option(0, "power-iteration steps of the spectral-radius diagnostic "
                                  "(0: not computed)")
+
+    def __post_init__(self):
+        if not (self.tol > 0 and self.backward_tol > 0):
+            raise ConfigError(f"tol={self.tol} and backward_tol={self.backward_tol} must be > 0.")
+        if not self.max_steps >= 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be >= 1.")
+        for name in ("onsager_hidden", "jacobian_penalty", "spectral_steps"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
 
 
 def symmetrize_blocks(J: Float[Array, "h n n dh dh"], *, sites: bool, internal: bool

@@ -155,6 +155,8 @@ class NeuroGameConfig:
             raise ConfigError(f"damping={self.damping} must be in [0, 1).")
         if not (self.tol > 0 and self.max_steps >= 1):
             raise ConfigError("tol must be > 0 and max_steps >= 1.")
+        if not self.eval_seed >= 0:
+            raise ConfigError(f"eval_seed={self.eval_seed} must be >= 0.")
 
 
 class NeuroGameDiagnostics(Diagnostics):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import option
+from .._schema import ConfigError, option
 from ..spins import vector
 from ._block import FeedForward
 from ._diagnostics import Diagnostics, Stats
@@ -73,6 +73,16 @@ class SpinConfig:
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
                             "(x -> x + FFN(x)); 0 for none")
+
+    def __post_init__(self):
+        if not (self.num_steps >= 1 and self.adjoint_restart >= 1 and self.max_steps >= 1):
+            raise ConfigError(f"num_steps={self.num_steps}, adjoint_restart="
+                              f"{self.adjoint_restart} and max_steps={self.max_steps} must be "
+                              ">= 1.")
+        if not (self.tol > 0 and self.adjoint_tol > 0):
+            raise ConfigError(f"tol={self.tol} and adjoint_tol={self.adjoint_tol} must be > 0.")
+        if not self.field_ffn >= 0:
+            raise ConfigError(f"field_ffn={self.field_ffn} must be >= 0.")
 
 
 def _solver_and_adjoint(section: SpinConfig):
