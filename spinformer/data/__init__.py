@@ -6,6 +6,10 @@ Every dataset follows the `Dataset` protocol: `vocab_size`, `num_classes`, `seq_
 the seed, the split and the index (so a resumed run sees the same data), and
 `baselines(batch) -> dict[str, float]`: reference scores on a batch (chance level and the
 like; `{}` if none), which the trainer records in each run's summary.
+
+A data file that exists but cannot be used (empty, truncated, not text, not in its format) is
+a `DataFileError` (a `ValueError`) whose message names the file, the line for line-based
+formats, and what is wrong; image files raise its subclass `ImageDataError`.
 """
 
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
@@ -15,14 +19,16 @@ from ._images import ImageDataError, ImageDataNotFound, ImageDataset, find_mnist
 from ._images import load_mnist, patchify, read_idx, unpatchify, write_idx
 from ._nli import NLI_LABELS, GeneratedNLI, NLIFile, load_vocab, oracle, read_jsonl
 from ._nli import Sentence, build_vocab, parse_sentence, save_vocab, tokenize
-from ._protocol import Dataset
-from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, resolve_text_path
+from ._protocol import Dataset, DataFileError
+from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, read_text_file
+from ._text import resolve_text_path
 
 __all__ = [
     "BRACKET_VOCAB_SIZE",
     "BracketMatching",
     "CharText",
     "DIGITS_CLASSES",
+    "DataFileError",
     "Dataset",
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_DIR",
@@ -46,6 +52,7 @@ __all__ = [
     "patchify",
     "read_idx",
     "read_jsonl",
+    "read_text_file",
     "resolve_text_path",
     "sample_brackets",
     "save_vocab",

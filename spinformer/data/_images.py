@@ -65,6 +65,8 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from ._protocol import DataFileError
+
 __all__ = [
     "DIGITS_CLASSES",
     "FASHION_MNIST_CLASSES",
@@ -108,9 +110,10 @@ _REDOWNLOAD = ("re-download the file, or reinstall the package that provides it 
                f"`apt-get install --reinstall {FASHION_MNIST_PACKAGE}`)")
 
 
-class ImageDataError(ValueError):
+class ImageDataError(DataFileError):
     """An image data file or directory is unreadable: a truncated, corrupt or mismatched IDX
-    file, or files that do not belong together. The message names the file and the problem."""
+    file, files that do not belong together, or a file the system will not let us read. The
+    message names the file and the problem. A `DataFileError`, so a `ValueError`."""
 
 
 class ImageDataNotFound(ImageDataError, FileNotFoundError):
@@ -278,13 +281,20 @@ def read_idx(path: PathLike, *, ndim: Optional[int] = None) -> np.ndarray:
 
     **Raises:** `ImageDataNotFound` if the file does not exist; `ImageDataError` (a
     `ValueError`) naming the file and the problem for a truncated or oversized payload, a
-    wrong magic number or dimension count, or a corrupt gzip stream.
+    wrong magic number or dimension count, a corrupt gzip stream, or a file that is a
+    directory or cannot be opened (permissions).
     """
     path = pathlib.Path(path)
     name = str(path)
-    if not path.is_file():
+    if not path.exists():
         raise ImageDataNotFound(f"{name}: no such file.")
-    with open(path, "rb") as raw:
+    if not path.is_file():
+        raise ImageDataError(f"{name}: not a file (a directory?); expected an IDX file.")
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise ImageDataError(f"{name}: cannot be read ({e.strerror or e}).") from None
+    with raw:
         gz = raw.read(2) == _GZIP_MAGIC
         raw.seek(0)
         if not gz:

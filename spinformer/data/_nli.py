@@ -30,6 +30,8 @@ from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from ._protocol import DataFileError
+
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
 _LABEL_ID = {name: i for i, name in enumerate(NLI_LABELS)}
@@ -248,39 +250,53 @@ _LAYOUT_HINT = (
 
 def _read_records(path: pathlib.Path, limit: Optional[int] = None):
     """`[(premise, hypothesis, label id or None for "-")]` from a JSON-lines file; stops once
-    `limit` labelled pairs are read. Blank lines are skipped; a malformed line is an error."""
+    `limit` labelled pairs are read. Blank lines are skipped; a malformed line, bytes that are
+    not UTF-8, or a file that cannot be read is a `DataFileError` naming the file and the
+    line (a cut-short last line is called truncated)."""
     path = pathlib.Path(path)
     out, kept = [], 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataFileError(f"{path}: cannot be read ({e.strerror or e}).") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}, line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFileError(
+                    f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1}); is this a JSON-lines file?") from None
             if not line.strip():
                 continue
-            where = f"{path.name}, line {lineno}"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(
+                cut = (" The line does not end with a newline: the file looks truncated."
+                       if not line.endswith("\n") else "")
+                raise DataFileError(
                     f"{where}: not valid JSON ({e.msg}); each line must be a JSON object with "
-                    f"fields {list(_FIELDS)}. Found: {line.strip()[:80]!r}"
+                    f"fields {list(_FIELDS)}. Found: {line.strip()[:80]!r}.{cut}"
                 ) from None
             if not isinstance(rec, dict):
-                raise ValueError(f"{where}: expected a JSON object with fields {list(_FIELDS)}; "
-                                 f"found a {type(rec).__name__}.")
+                raise DataFileError(f"{where}: expected a JSON object with fields "
+                                    f"{list(_FIELDS)}; found a {type(rec).__name__}.")
             missing = [k for k in _FIELDS if k not in rec]
             if missing:
-                raise ValueError(f"{where}: missing field(s) {missing}; expected fields "
-                                 f"{list(_FIELDS)}, found {sorted(rec)}.")
+                raise DataFileError(f"{where}: missing field(s) {missing}; expected fields "
+                                    f"{list(_FIELDS)}, found {sorted(rec)}.")
             bad = [k for k in _FIELDS if not isinstance(rec[k], str)]
             if bad:
-                raise ValueError(f"{where}: field(s) {bad} must be strings; found "
-                                 f"{[type(rec[k]).__name__ for k in bad]}.")
+                raise DataFileError(f"{where}: field(s) {bad} must be strings; found "
+                                    f"{[type(rec[k]).__name__ for k in bad]}.")
             gold = rec["gold_label"]
             if gold == "-":
                 out.append((rec["sentence1"], rec["sentence2"], None))
                 continue
             if gold not in _LABEL_ID:
-                raise ValueError(f"{where}: unknown gold_label {gold!r}; expected one of "
-                                 f"{list(NLI_LABELS)} or '-' (no consensus, dropped).")
+                raise DataFileError(f"{where}: unknown gold_label {gold!r}; expected one of "
+                                    f"{list(NLI_LABELS)} or '-' (no consensus, dropped).")
             out.append((rec["sentence1"], rec["sentence2"], _LABEL_ID[gold]))
             kept += 1
             if limit is not None and kept >= limit:
@@ -294,7 +310,8 @@ def read_jsonl(path: Union[str, os.PathLike], max_examples: Optional[int] = None
     label id)` per line with a gold label, and the number of lines labelled `"-"` (no
     annotator consensus), which are dropped. Each line must be a JSON object with string
     fields `sentence1`, `sentence2`, `gold_label` (others are ignored); anything else is a
-    `ValueError` naming the file and the line. `max_examples`: stop after that many."""
+    `DataFileError` (a `ValueError`) naming the file and the line. `max_examples`: stop after
+    that many."""
     recs = _read_records(pathlib.Path(path), max_examples)
     kept = [r for r in recs if r[2] is not None]
     return kept, len(recs) - len(kept)
@@ -470,9 +487,12 @@ class NLIFile:
             f = files["file"]
             recs = _read_records(f)
             labelled = [r for r in recs if r[2] is not None]
+            if not recs:
+                raise DataFileError(f"{f}: the file is empty (no JSON lines); expected one "
+                                    f"JSON object per line with fields {list(_FIELDS)}.")
             if len(labelled) < 3:
-                raise ValueError(f"{f.name} holds {len(labelled)} labelled pairs; a single file "
-                                 f"is split into train/val/test and needs at least 3.")
+                raise DataFileError(f"{f} holds {len(labelled)} labelled pairs; a single file "
+                                    f"is split into train/val/test and needs at least 3.")
             k = max(1, len(labelled) // 20)
             perm = np.random.default_rng(0).permutation(len(labelled))
             parts = {"val": np.sort(perm[:k]), "test": np.sort(perm[k : 2 * k]),
@@ -492,8 +512,10 @@ class NLIFile:
             dropped[s] = len(raw[s]) - len(kept)
             examples[s] = kept[:max_examples] if max_examples is not None else kept
             if not examples[s]:
-                raise ValueError(f"the {s} split ({source}) has no labelled pairs "
-                                 f"({dropped[s]} labelled '-' were dropped).")
+                what = ("the file is empty" if not raw[s] else
+                        f"{dropped[s]} labelled '-' were dropped")
+                where = files.get(s, files.get("file"))
+                raise DataFileError(f"{where}: the {s} split has no labelled pairs ({what}).")
         return cls(examples, seq_len=seq_len, batch_size=batch_size, seed=seed,
                    max_vocab=max_vocab, min_count=min_count, vocab=vocab, dropped=dropped,
                    source=source, notes=notes)

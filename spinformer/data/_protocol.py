@@ -1,10 +1,17 @@
-"""What the trainer needs from a dataset."""
+"""What the trainer needs from a dataset, and the error a dataset raises for a bad file."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 import numpy as np
+
+
+class DataFileError(ValueError):
+    """A data file that exists but cannot be used: empty, truncated, not text, not in its
+    format, or too short for the settings. The message names the file, the line where the
+    format has lines, and what is wrong. `spinformer.train.build_dataset` reports it as a
+    `ConfigError` on `data.path`, which the command line prints in one line."""
 
 
 class Dataset(Protocol):

@@ -12,6 +12,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from ._protocol import DataFileError
+
 _SPLITS = {"train": 0, "val": 1}
 
 # Names `spinformer data fetch NAME` knows, with a one-line description.
@@ -98,6 +100,34 @@ def resolve_text_path(path: str) -> pathlib.Path:
     return p
 
 
+def read_text_file(path: Union[str, os.PathLike]) -> str:
+    """The content of a UTF-8 text file; a `DataFileError` naming the file says what is wrong
+    otherwise (see `CharText.from_path`)."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        raise DataFileError(f"{p}: a directory, not a text file; point data.path at a file.")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DataFileError(f"{p}: cannot be read ({e.strerror or e}).") from None
+    if not raw:
+        raise DataFileError(f"{p}: the file is empty; expected a UTF-8 text.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        what = ("the file ends inside a multi-byte character: truncated?"
+                if e.reason == "unexpected end of data" else
+                "binary data or another encoding (convert it with `iconv -t UTF-8`)")
+        raise DataFileError(f"{p}: not UTF-8 text: byte 0x{raw[e.start]:02x} at offset "
+                            f"{e.start} (line {line}) cannot be decoded ({what}).") from None
+    if "\0" in text:
+        at = text.index("\0")
+        raise DataFileError(f"{p}: holds NUL bytes (the first at character {at}, line "
+                            f"{text.count(chr(10), 0, at) + 1}); a binary file, not a text.")
+    return text
+
+
 class CharText:
     """Character-level language modelling on one text.
 
@@ -109,6 +139,10 @@ class CharText:
     - `seed`: batch `i` of split `s` depends only on `(seed, s, i)`.
     - `val_fraction`: the last fraction of the text is the validation split (default 0.1).
     - `max_chars`: use only the first `max_chars` characters (None: all).
+    - `source`: where the text comes from (a file name), named in errors.
+
+    A text whose training or validation split is shorter than `seq_len + 1` characters is a
+    `ValueError` (a `DataFileError` naming the file when `source` is given).
 
     `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters) and
     `mask (B, T)` of ones. `baselines(batch)` gives the perplexity of the training split's
@@ -118,7 +152,8 @@ class CharText:
     kind = "lm"
 
     def __init__(self, text: str, seq_len: int = 64, batch_size: int = 32, seed: int = 0,
-                 val_fraction: float = 0.1, max_chars: Optional[int] = None):
+                 val_fraction: float = 0.1, max_chars: Optional[int] = None,
+                 source: Optional[str] = None):
         if max_chars is not None:
             text = text[:max_chars]
         self.chars = sorted(set(text))
@@ -128,10 +163,13 @@ class CharText:
         self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val:]
         for name, d in (("train", self.train_data), ("validation", self.val_data)):
             if len(d) < seq_len + 1:
-                raise ValueError(
-                    f"the {name} split has {len(d)} characters, fewer than seq_len + 1 = "
-                    f"{seq_len + 1}; use a longer text or a shorter seq_len."
-                )
+                cut = f" (cut to max_chars={max_chars})" if max_chars is not None else ""
+                msg = (f"the {name} split (val_fraction={val_fraction}) has {len(d)} characters"
+                       f"{cut}, fewer than seq_len + 1 = {seq_len + 1}; use a longer text or a "
+                       "shorter seq_len.")
+                if source is not None:
+                    raise DataFileError(f"{source}: {len(text)} characters are too few: {msg}")
+                raise ValueError(msg)
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.seed = seed
@@ -140,8 +178,15 @@ class CharText:
 
     @classmethod
     def from_path(cls, path: Union[str, os.PathLike], **kwargs) -> "CharText":
+        """The text of a UTF-8 file, or of a fetched dataset's name (`resolve_text_path`).
+
+        A missing file is a `FileNotFoundError` saying how to get it; a file that is a
+        directory, cannot be read, is empty, is not UTF-8 text (the offset and line of the
+        first bad byte are named: binary data, another encoding, or a file cut inside a
+        character) or holds NUL bytes, or is too short for `seq_len`, is a `DataFileError`
+        naming the file."""
         p = resolve_text_path(str(path))
-        return cls(p.read_text(encoding="utf-8", errors="replace"), **kwargs)
+        return cls(read_text_file(p), source=str(p), **kwargs)
 
     def encode(self, s: str) -> np.ndarray:
         return np.array([self.stoi[c] for c in s], dtype=np.int32)
