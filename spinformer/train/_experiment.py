@@ -1,7 +1,19 @@
-"""From a config to a finished run directory."""
+"""From a config to a finished run directory.
+
+Faults are reported before any training time is spent where they can be known: a run
+directory that is a file, cannot be created or written (permissions, a read-only or full
+disk), or holds another run (`check_run_dir`); a data file that is empty, truncated or
+malformed, or a model the config cannot build (`build_dataset`, `build_model`). Each is a
+`ConfigError` naming the directory, file or key and the fix. A write that fails during
+training (e.g. the disk fills up) is a `RunDirError` naming the directory and the newest
+intact checkpoint to `--resume` from.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import pathlib
 from typing import Optional
 
@@ -11,15 +23,42 @@ from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
 from . import _mesh
-from ._checkpoint import load_latest
+from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
 from ._step import init_opt_state
 from ._step import make_optimizer, make_schedule, num_params
 
 
+class RunDirError(_config.ConfigError):
+    """A run directory that cannot be used: a file, not creatable or writable (permissions, a
+    read-only or full disk), holding another run, or failing a write during training. The
+    message names the directory and the fix. A `ConfigError`, so the command line prints it
+    as one line."""
+
+
 def build_dataset(cfg: "_config.Config"):
-    """The dataset a config names (raises with the fetch command if it is not downloaded)."""
+    """The dataset a config names.
+
+    Raises `FileNotFoundError` for data that is not there (with the fetch or install command),
+    and `ConfigError` for data that cannot be used: a `data.DataFileError` (an empty,
+    truncated or malformed file, named with the line where the format has lines) as
+    `data.path: ...`, and any other refusal of the dataset (e.g. a `data.seq_len` too short
+    for the generated pairs) as `data (task ...): ...`.
+    """
     d = cfg.data
+    try:
+        return _make_dataset(d)
+    except _data.ImageDataNotFound as e:
+        raise FileNotFoundError(str(e)) from None
+    except FileNotFoundError:
+        raise
+    except _data.DataFileError as e:
+        raise _config.ConfigError(f"data.path: {e}") from None
+    except ValueError as e:
+        raise _config.ConfigError(f"data (task {d.task}): {e}") from None
+
+
+def _make_dataset(d: "_config.DataConfig"):
     if d.task == "brackets":
         return _data.BracketMatching(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed)
     if d.task == "chars":
@@ -29,12 +68,9 @@ def build_dataset(cfg: "_config.Config"):
         )
     if d.task == "nli":
         phenomena = tuple(x.strip() for x in d.phenomena.split(",") if x.strip())
-        try:
-            return _data.GeneratedNLI(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
-                                      distractors=d.distractors, held_out=d.held_out,
-                                      phenomena=phenomena)
-        except ValueError as e:
-            raise _config.ConfigError(f"data (task nli): {e}") from None
+        return _data.GeneratedNLI(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
+                                  distractors=d.distractors, held_out=d.held_out,
+                                  phenomena=phenomena)
     if d.task == "snli":
         return _data.NLIFile.from_path(d.path, seq_len=d.seq_len, batch_size=d.batch_size,
                                        seed=d.seed, max_vocab=d.max_vocab,
@@ -43,14 +79,9 @@ def build_dataset(cfg: "_config.Config"):
         return _data.ImageDataset.digits(batch_size=d.batch_size, seed=d.seed)
     if d.task == "fashion_mnist":
         default = _config.DataConfig.__dataclass_fields__["path"].default
-        try:
-            return _data.ImageDataset.fashion_mnist(
-                None if d.path == default else d.path, batch_size=d.batch_size, seed=d.seed,
-                val_size=d.val_size, max_train=d.max_train)
-        except _data.ImageDataNotFound as e:
-            raise FileNotFoundError(str(e)) from None
-        except _data.ImageDataError as e:
-            raise _config.ConfigError(f"data (task fashion_mnist): {e}") from None
+        return _data.ImageDataset.fashion_mnist(
+            None if d.path == default else d.path, batch_size=d.batch_size, seed=d.seed,
+            val_size=d.val_size, max_train=d.max_train)
     raise _config.ConfigError(f"data.task: unknown task {d.task!r}.")  # pragma: no cover
 
 
@@ -61,7 +92,10 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     options from `model.neurogame`).
 
     The attention is looked up in the registry (`nn.register_attention`); its class turns the
-    config section `model.<attention>` into constructor arguments (`from_config`)."""
+    config section `model.<attention>` into constructor arguments (`from_config`). A model
+    the modules refuse to build (a `ValueError`, e.g. free-energy attention in a causal
+    model, or a patch size that does not divide the images) is a `ConfigError` naming the
+    attention and the task."""
     m = cfg.model
     reg = _nn.get_attention(m.attention)
     section = getattr(m, reg.name) if reg.config is not None else None
@@ -89,7 +123,11 @@ def build_model(cfg: "_config.Config", dataset, *, key):
             return _nn.CausalLM(dataset.vocab_size, key=k, **common)
         return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, key=k, **common)
 
-    return make(key)
+    try:
+        return make(key)
+    except ValueError as e:
+        raise _config.ConfigError(f"model.attention={m.attention} with data.task="
+                                  f"{cfg.data.task}: {e}") from None
 
 
 def build_mesh(cfg: "_config.Config"):
@@ -123,31 +161,186 @@ def _diff(a: dict, b: dict, prefix="") -> list[str]:
     return keys
 
 
-_RESUMABLE_CHANGES = {"train.progress", "description"}
+# Keys that may change on --resume, each with everything under it: how progress is shown,
+# the description, and the device mesh (a run may continue on another number of devices).
+_RESUMABLE_CHANGES = ("train.progress", "description", "train.mesh")
 
 
-def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None):
-    """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
+def _resumable(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in _RESUMABLE_CHANGES)
 
-    The resolved config is saved as `out_dir/config.yaml`. With `resume=True` the saved config
-    must match `cfg` (apart from `train.progress`), and training continues from the newest
-    intact checkpoint.
+
+def _changed_keys(saved: pathlib.Path, cfg: "_config.Config") -> list[str]:
+    """The dotted keys at which `cfg` differs from the config saved in `saved`, apart from
+    those that may change on --resume."""
+    old = _config.to_dict(_config.load_config(saved))
+    return [k for k in _diff(old, _config.to_dict(cfg)) if not _resumable(k)]
+
+
+def _run_contents(out: pathlib.Path, cfg: "_config.Config") -> list[str]:
+    """What in `out` belongs to a run that a fresh run would overwrite: checkpoints,
+    `summary.json`, a non-empty `metrics.jsonl`, or a `config.yaml` of another config."""
+    found = []
+    saved = out / "config.yaml"
+    if saved.exists():
+        try:
+            other = bool(_changed_keys(saved, cfg))
+        except (_config.ConfigError, OSError, UnicodeDecodeError):
+            other = True  # unreadable, or written by an older schema
+        if other:
+            found.append("config.yaml (of another config)")
+    ckpts = list_checkpoints(out)
+    if ckpts:
+        found.append(f"{len(ckpts)} checkpoint(s), the newest of step {ckpts[-1][0]}")
+    if (out / "summary.json").exists():
+        found.append("summary.json")
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    return found
+
+
+def _os_reason(e: OSError, out: pathlib.Path) -> tuple[str, str]:
+    """`(what went wrong, how to fix it)` for an `OSError` met writing into `out`."""
+    if e.errno == errno.ENOSPC:
+        return (f"the disk holding {out} is full (no space left on device)",
+                "free some space, or choose another --out on a disk with room")
+    if e.errno == getattr(errno, "EDQUOT", None):
+        return (f"the disk quota for {out} is exceeded", "free some space, or choose another "
+                "--out")
+    if e.errno == errno.EROFS:
+        return f"{out} is on a read-only file system", "choose another --out"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"{out} is not writable (permission denied)",
+                "choose another --out, or make the directory writable")
+    return (f"{out} cannot be written ({e.strerror or e})", "choose another --out")
+
+
+def _write_probe(path: pathlib.Path) -> None:
+    """Create `path` and write, flush and sync a few bytes into it (the probe that shows a
+    directory takes files; the caller removes it)."""
+    with open(path, "xb") as f:
+        f.write(b"spinformer write test\n" * 64)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_run_dir(out_dir, cfg: "_config.Config", *, resume: bool = False,
+                  write: bool = True) -> pathlib.Path:
+    """Check that the run `cfg` can go into `out_dir`, before anything is built or trained.
+
+    - A path that is a file, or lies under one, is refused.
+    - Without `resume`, a directory that holds another run is refused, so that nothing is
+      overwritten: one with checkpoints, a `summary.json`, a non-empty `metrics.jsonl`, or a
+      `config.yaml` of another config. This includes a run of the same config: starting it
+      afresh would overwrite its metrics and checkpoints. The message names the directory,
+      what it holds and both ways on: `--resume` (continue that run) or another `--out`. A
+      directory with only other files (logs, notes), an empty `metrics.jsonl` or the same
+      config is used as it is.
+    - With `resume`, the saved `config.yaml` must equal `cfg` apart from `train.progress`,
+      `description` and `train.mesh` (and its keys: a run may resume on other devices).
+    - With `write` (the process that writes; with several processes only process 0), the
+      directory is created with its parents and probed: a small file is written, synced and
+      removed. A directory that cannot be created or written (permission denied, read-only
+      file system, full disk) is refused, naming the directory and the reason.
+
+    **Returns:** `out_dir` as a `pathlib.Path`. Raises `RunDirError` (a `ConfigError`), or
+    `ConfigError` for a config that differs on resume.
     """
     out = pathlib.Path(out_dir)
+    above = next((p for p in (out, *out.parents) if p.exists() or p.is_symlink()), None)
+    if above is not None and not above.is_dir():
+        where = "is a file" if above == out else f"lies under {above}, which is a file"
+        raise RunDirError(f"run directory {out} {where}, not a directory; choose another "
+                          "--out.")
     saved = out / "config.yaml"
     if resume and saved.exists():
-        old = _config.to_dict(_config.load_config(saved))
-        changed = [k for k in _diff(old, _config.to_dict(cfg)) if k not in _RESUMABLE_CHANGES]
+        changed = _changed_keys(saved, cfg)
         if changed:
             raise _config.ConfigError(
                 f"--resume: the config differs from the one saved in {saved} at "
                 f"{', '.join(changed)}; resume with the same config, or start a new run with "
                 "another --out."
             )
-    mesh = build_mesh(cfg)
-    dataset = build_dataset(cfg)
-    model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    optimizer = build_optimizer(cfg)
+    if not resume and out.is_dir():
+        found = _run_contents(out, cfg)
+        if found:
+            raise RunDirError(
+                f"run directory {out} already holds a run ({'; '.join(found)}); a new run "
+                "would overwrite it. Continue that run with --resume, or start this one in "
+                "another directory with --out."
+            )
+    if not write:
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        reason, fix = _os_reason(e, out)
+        raise RunDirError(f"run directory {out} cannot be created: {reason}; {fix}.") from None
+    probe = out / f".spinformer-write-test-{os.getpid()}"
+    try:
+        _write_probe(probe)
+    except OSError as e:
+        reason, fix = _os_reason(e, out)
+        raise RunDirError(f"run directory {out} cannot take files: {reason}; {fix}.") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return out
+
+
+@contextlib.contextmanager
+def _write_errors_named(out: pathlib.Path):
+    """Turn an `OSError` met writing into `out` during training (a full disk, a directory
+    removed or made read-only) into a `RunDirError` naming the directory and the newest
+    intact checkpoint; partly written checkpoint files are removed."""
+    try:
+        yield
+    except OSError as e:
+        filename = getattr(e, "filename", None)
+        if filename:
+            target, root = pathlib.Path(os.fsdecode(filename)).resolve(), out.resolve()
+            if target != root and root not in target.parents:
+                raise  # not a write into the run directory
+        for tmp in out.glob("ckpt-*.ckpt.tmp"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        reason, fix = _os_reason(e, out)
+        ckpts = list_checkpoints(out)
+        kept = (f"its newest intact checkpoint is {ckpts[-1][1].name} (step {ckpts[-1][0]}; "
+                "checkpoints are written atomically)" if ckpts else "no checkpoint was written "
+                "yet")
+        raise RunDirError(
+            f"training stopped: writing to run directory {out} failed: {reason}"
+            f"{f' (writing {filename})' if filename else ''}; {kept}. To go on, {fix}, "
+            "and continue with --resume."
+        ) from e
+
+
+def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None):
+    """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
+
+    The run directory is checked first (`check_run_dir`): without `resume` it must not hold
+    another run, and it must be writable. The resolved config is saved as
+    `out_dir/config.yaml`. With `resume=True` the saved config must match `cfg` (apart from
+    `train.progress`, `description` and `train.mesh`), and training continues from the newest
+    intact checkpoint. A write that fails during training (a full disk) is a `RunDirError`
+    naming the directory and the checkpoint to resume from.
+    """
+    out = pathlib.Path(out_dir)
+    saved = out / "config.yaml"
+    created = not out.exists()
+    try:
+        check_run_dir(out, cfg, resume=resume, write=_mesh.is_writer())
+        mesh = build_mesh(cfg)
+        dataset = build_dataset(cfg)
+        model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+        optimizer = build_optimizer(cfg)
+    except BaseException:
+        if created:  # leave no empty directory behind for a run that never started
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     if _mesh.is_writer():  # with several processes only process 0 writes
         out.mkdir(parents=True, exist_ok=True)
         _config.save_config(cfg, saved)
@@ -159,16 +352,17 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         "description": cfg.description,
         "baselines": dataset.baselines(dataset.batch(0, "val")),
     }
-    _, summary = fit(
-        model, optimizer, dataset, out_dir=out, steps=t.steps, seed=t.seed,
-        eval_batches=cfg.data.eval_batches, log_every=t.log_every, eval_every=t.eval_every,
-        patience=t.patience, checkpoint_every=t.checkpoint_every,
-        keep_checkpoints=t.keep_checkpoints, resume=resume,
-        progress=t.progress if progress is None else progress,
-        lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
-        extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
-        precision=t.precision, mesh=mesh,
-    )
+    with _write_errors_named(out):
+        _, summary = fit(
+            model, optimizer, dataset, out_dir=out, steps=t.steps, seed=t.seed,
+            eval_batches=cfg.data.eval_batches, log_every=t.log_every, eval_every=t.eval_every,
+            patience=t.patience, checkpoint_every=t.checkpoint_every,
+            keep_checkpoints=t.keep_checkpoints, resume=resume,
+            progress=t.progress if progress is None else progress,
+            lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
+            extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
+            precision=t.precision, mesh=mesh,
+        )
     return summary
 
 
