@@ -2,6 +2,7 @@
 
 ```
 spinformer run CONFIG [--out DIR] [--set key=value ...] [--resume]
+               [--coordinator HOST:PORT --num-processes N --process-id I]
 spinformer list
 spinformer report DIR [DIR ...] [--out DIR]
 spinformer data fetch NAME
@@ -71,13 +72,27 @@ def _cmd_run(args) -> int:
     from .config import load_config
     from .train import run
 
+    from .train import TrainingInterrupted, initialize_distributed, is_writer
+
     path = find_config(args.config)
     cfg = load_config(path, overrides=args.set)
+    # before any JAX computation; a no-op unless several processes are asked for
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
-    print(f"spinformer: {path} -> {out}", file=sys.stderr)
-    summary = run(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
-    print(json.dumps({"run_dir": str(out), "steps": summary["steps"], **summary["metrics"]},
-                     indent=2))
+    if is_writer():
+        print(f"spinformer: {path} -> {out}", file=sys.stderr)
+    try:
+        summary = run(cfg, out, resume=args.resume,
+                      progress=False if args.no_progress else None)
+    except TrainingInterrupted as e:
+        print(f"spinformer: stopped by {e}", file=sys.stderr)
+        return 128 + e.signum
+    except FloatingPointError as e:
+        print(f"spinformer: error: {e}", file=sys.stderr)
+        return 1
+    if is_writer():
+        print(json.dumps({"run_dir": str(out), "steps": summary["steps"],
+                          **summary["metrics"]}, indent=2))
     return 0
 
 
@@ -151,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true",
                    help="no progress output on stderr (a bar on a terminal, otherwise a line "
                    "every 30 s)")
+    r.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="several processes: the address of process 0 (jax.distributed; or "
+                   "SPINFORMER_COORDINATOR)")
+    r.add_argument("--num-processes", type=int, metavar="N",
+                   help="several processes: how many (or SPINFORMER_NUM_PROCESSES)")
+    r.add_argument("--process-id", type=int, metavar="I",
+                   help="several processes: this one's index, 0 writes the run directory (or "
+                   "SPINFORMER_PROCESS_ID)")
     r.set_defaults(fn=_cmd_run)
 
     ls = sub.add_parser("list", help="list the shipped configs with their descriptions")

@@ -10,6 +10,9 @@ Sections (each opens with its own helpers; the helpers shared by all come first)
    `ConfigError` naming the key.
 3. Corrupt data files: text (chars), JSON lines (snli), IDX (fashion_mnist).
 4. Corrupt checkpoints: skipped with a warning for the previous one.
+5. Training faults: non-finite losses and gradients (skipped, counted, a stop after
+   `train.max_bad_steps` in a row); SIGTERM and SIGINT mid-run (a checkpoint, a clean exit,
+   a bit-identical `--resume`).
 
 New kinds of fault get a section of their own, with its helpers at its top.
 """
@@ -26,12 +29,17 @@ import math
 import os
 import pathlib
 import re
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import typing
 import warnings
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -898,3 +906,136 @@ def test_load_run_skips_a_corrupt_checkpoint(tmp_path):
     got = jax.tree.leaves(eqx.filter(loaded, eqx.is_inexact_array))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b + 1)
+
+
+# ============================================================================ 5. training faults
+
+class _Poisoned:
+    """A dataset whose training batches `bad` have NaN pixels (a corrupt record)."""
+
+    def __init__(self, inner, bad):
+        self.inner, self.bad = inner, set(bad)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def batch(self, index, split="train"):
+        b = self.inner.batch(index, split)
+        if split == "train" and index in self.bad:
+            b = dict(b, inputs=np.full_like(b["inputs"], np.nan))
+        return b
+
+
+def _digits_cfg(**over):
+    from spinformer import config as C
+
+    base = {"data.task": "digits", "data.batch_size": 8, "data.eval_batches": 1,
+            "model.attention": "softmax", "model.dim": 16, "model.ffn_hidden": 16,
+            "model.embed": "patch", "model.patch": 4, "train.steps": 8, "train.log_every": 1,
+            "train.eval_every": 8, "train.warmup_steps": 0, "train.progress": False}
+    base.update(over)
+    return C.load_config(None, base)
+
+
+def _state_leaves(model, opt_state):
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter((model, opt_state), eqx.is_array))]
+
+
+def test_non_finite_steps_are_skipped_and_counted(tmp_path):
+    from spinformer import train
+
+    cfg = _digits_cfg(**{"train.max_bad_steps": 3})
+    ds = train.build_dataset(cfg)
+    model = train.build_model(cfg, ds, key=jax.random.key(0))
+    opt = train.build_optimizer(cfg)
+    # steps 2 and 5 (batches 2 and 5) are poisoned; each is skipped and the run goes on
+    m_bad, s_bad = train.fit(model, opt, _Poisoned(ds, {2, 5}), out_dir=tmp_path / "bad",
+                             steps=8, log_every=1, eval_every=8, eval_batches=1,
+                             progress=False)
+    recs = [r for r in train.read_metrics(tmp_path / "bad") if r["split"] == "train"]
+    assert [r["step"] for r in recs if r["bad_step"]] == [3, 6]
+    assert recs[-1]["bad_steps"] == 2 and s_bad["bad_steps"] == 2
+    assert np.isnan(recs[2]["loss"]) and np.isfinite(recs[3]["loss"])
+    # a skipped step changes nothing: stepping by hand, the state after the poisoned batch
+    # equals the state before it
+    step = train.jit_step(opt)
+    state = train.init_opt_state(opt, model)
+    m, s = model, state
+    for i in range(2):
+        m, s, _ = step(m, s, {k: jnp.asarray(v) for k, v in ds.batch(i).items()},
+                       jax.random.fold_in(jax.random.key(0), i))
+    poisoned = _Poisoned(ds, {2}).batch(2)
+    m2, s2, met = step(m, s, {k: jnp.asarray(v) for k, v in poisoned.items()},
+                       jax.random.fold_in(jax.random.key(0), 2))
+    assert float(met["bad_step"]) == 1.0
+    for a, b in zip(_state_leaves(m, s), _state_leaves(m2, s2)):
+        np.testing.assert_array_equal(a, b)
+    # too many in a row: the run stops with a message and keeps a checkpoint
+    with pytest.raises(FloatingPointError, match="diverged at step 5: 3 steps in a row"):
+        train.fit(model, opt, _Poisoned(ds, {2, 3, 4}), out_dir=tmp_path / "stop", steps=8,
+                  log_every=1, eval_every=8, eval_batches=1, progress=False, max_bad_steps=3)
+    assert [s for s, _ in train.list_checkpoints(tmp_path / "stop")] == [5]
+
+
+def _run_cli(args, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, "-m", "spinformer", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _signal_mid_run(tmp_path, name, sig, steps):
+    """Start `spinformer run` of the digits config, send `sig` once it has logged 4 records,
+    and return `(config path, process, stderr)` after it exits."""
+    cfg = _digits_cfg(**{"train.steps": steps, "train.log_every": 5, "train.eval_every": 500,
+                         "train.checkpoint_every": 0})
+    path = tmp_path / "cfg.yaml"
+    C.save_config(cfg, path)
+    proc = _run_cli(["run", str(path), "--out", str(tmp_path / name), "--no-progress"])
+    metrics = tmp_path / name / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return path, proc, err
+
+
+def test_sigterm_checkpoints_and_resume_is_bit_identical(tmp_path):
+    steps = 1500
+    path, cut, err = _signal_mid_run(tmp_path, "cut", signal.SIGTERM, steps)
+    assert cut.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by SIGTERM at step" in err and "--resume" in err
+    assert "Traceback" not in err
+    ((stopped, _),) = _ckpt_list(tmp_path / "cut")
+    assert 20 <= stopped < steps
+    resumed = _run_cli(["run", str(path), "--out", str(tmp_path / "cut"), "--no-progress",
+                        "--resume"])
+    full = _run_cli(["run", str(path), "--out", str(tmp_path / "full"), "--no-progress"])
+    for p in (resumed, full):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    name = f"ckpt-{steps:08d}.ckpt"
+    a = (tmp_path / "full" / name).read_bytes()
+    b = (tmp_path / "cut" / name).read_bytes()
+    assert a.split(b"\n", 2)[2] == b.split(b"\n", 2)[2]  # the same parameters and optimiser
+    strip = lambda d: [{k: v for k, v in r.items() if k != "time_s"}  # noqa: E731
+                       for r in train.read_metrics(d)]
+    assert strip(tmp_path / "full") == strip(tmp_path / "cut")
+
+
+def test_sigint_checkpoints_and_exits_cleanly(tmp_path):
+    _, proc, err = _signal_mid_run(tmp_path, "run", signal.SIGINT, 3000)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert "stopped by SIGINT at step" in err and "Traceback" not in err
+    ((stopped, path),) = _ckpt_list(tmp_path / "run")
+    assert f"ckpt-{stopped:08d}.ckpt" in err
+    assert max(r["step"] for r in train.read_metrics(tmp_path / "run")) <= stopped
+
+
+def _ckpt_list(d):
+    from spinformer import train
+
+    return train.list_checkpoints(d)

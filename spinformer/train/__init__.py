@@ -13,10 +13,12 @@ from ._checkpoint import (
 )
 from ._experiment import build_dataset, build_model, build_optimizer, load_run, run
 from ._figures import plot_run, plot_runs
-from ._loop import fit, read_metrics
+from ._loop import TrainingInterrupted, fit, read_metrics
+from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._step import (
     evaluate,
+    mixed_precision,
     init_opt_state,
     jit_step,
     loss_fn,
@@ -29,6 +31,11 @@ from ._step import (
 
 __all__ = [
     "CorruptCheckpoint",
+    "TrainingInterrupted",
+    "initialize_distributed",
+    "is_writer",
+    "make_mesh",
+    "mixed_precision",
     "build_dataset",
     "build_model",
     "build_optimizer",
