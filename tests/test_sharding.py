@@ -123,3 +123,16 @@ def test_batch_not_divisible_by_the_data_axis_is_a_config_error():
         env=_env(4), capture_output=True, text=True, timeout=120)
     assert "ERR data.batch_size=6 is not divisible by the data axis of the mesh (4 devices)" \
         in got.stdout, got.stderr[-2000:]
+
+
+def test_cli_several_processes_need_every_flag(tmp_path, capsys):
+    from spinformer import cli
+
+    code = cli.main(["run", "quickstart", "--out", str(tmp_path / "r"), "--coordinator",
+                     "127.0.0.1:1", "--num-processes", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing --process-id" in err and "Traceback" not in err
+    code = cli.main(["run", "quickstart", "--out", str(tmp_path / "r"), "--coordinator",
+                     "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"])
+    assert code == 2 and "--process-id 2 must be in [0, 2)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
