@@ -229,6 +229,10 @@ class TrainConfig:
     mesh: Optional[dict] = _f(None, "device mesh for data parallelism, axis name -> size, e.g. "
                               "{data: 4} or {data: 2, model: 2} (a size -1 takes the remaining "
                               "devices); null: every device on the data axis")
+    checkpointer: str = _f("auto", "checkpoint files: native (one checksummed file, written "
+                           "by process 0), orbax (orbax-checkpoint: every process writes its "
+                           "shards), or auto (orbax only when a model axis spans several "
+                           "processes)", ("auto", "native", "orbax"))
 
     def __post_init__(self):
         _need(self.steps >= 1, f"steps={self.steps} must be >= 1.")

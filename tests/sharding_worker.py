@@ -143,15 +143,68 @@ def check_bfloat16():
                       "dtypes": dtypes}))
 
 
-def check_multiprocess(rank, port, root):
-    """One of two processes (2 devices each) training the `resume` check's config over a
-    4-device mesh that spans both; process 0 writes `root/mp`."""
+def model_axis_cfg(checkpointer):
+    return tiny_cfg(**{"model.dim": 64, "model.ffn_hidden": 128,
+                       "train.mesh": {"data": 2, "model": 2},
+                       "train.checkpointer": checkpointer})
+
+
+def read_orbax(run_dir):
+    """The newest orbax checkpoint of a `model_axis_cfg` run, on one device."""
+    from spinformer.train import _orbax
+
+    cfg = model_axis_cfg("orbax")
+    _, model, _, state = setup(cfg)
+    got = _orbax.OrbaxCheckpoints(run_dir).restore_latest((model, state))
+    return model, got
+
+
+def check_orbax(root):
+    """A run with the large matrices split over a `model` axis, checkpointed by orbax, and the
+    same run resumed from its step-3 checkpoint: identical at step 6; `load_run` reads it."""
+    root = pathlib.Path(root)
+    cfg = model_axis_cfg("orbax")
+    train.run(cfg, root / "orbax_full")
+    shutil.copytree(root / "orbax_full", root / "orbax_cut")
+    shutil.rmtree(root / "orbax_cut" / "orbax" / "6")
+    (root / "orbax_cut" / "summary.json").unlink()
+    train.run(cfg, root / "orbax_cut", resume=True)
+    init, (s_a, m_a, o_a, meta_a) = read_orbax(root / "orbax_full")
+    _, (s_b, m_b, o_b, meta_b) = read_orbax(root / "orbax_cut")
+    same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
+        jax.tree.leaves(eqx.filter((m_a, o_a), eqx.is_array)),
+        jax.tree.leaves(eqx.filter((m_b, o_b), eqx.is_array))))
+    _, _, loaded = train.load_run(root / "orbax_full")
+    print(json.dumps({"check": "orbax", "steps": [s_a, s_b], "identical": same,
+                      "moved": max_diff(init, m_a), "load_run_diff": max_diff(loaded, m_a),
+                      "kept": sorted(p.name for p in (root / "orbax_full" / "orbax").iterdir()
+                                     if p.name.isdigit()),
+                      "native_files": sorted(p.name for p in (root / "orbax_full").glob(
+                          "ckpt-*"))}))
+
+
+def check_multiprocess(rank, port, root, variant="data"):
+    """One of two processes (2 devices each) training over a 4-device mesh that spans both;
+    process 0 writes the run directory. `variant` "data": the `resume` check's config,
+    replicated parameters (`root/mp`); "model": the large matrices split over a model axis
+    that spans both processes, checkpointed by orbax (`root/mp_model`)."""
     _mesh.initialize_distributed(f"127.0.0.1:{port}", 2, int(rank))
-    cfg = tiny_cfg(**{"train.mesh": {"data": 4}})
-    summary = train.run(cfg, pathlib.Path(root) / "mp")
+    if variant == "data":
+        cfg, out = tiny_cfg(**{"train.mesh": {"data": 4}}), pathlib.Path(root) / "mp"
+    else:
+        cfg, out = model_axis_cfg("auto"), pathlib.Path(root) / "mp_model"
+    summary = train.run(cfg, out)
     print(json.dumps({"check": "multiprocess", "rank": int(rank), "devices": jax.device_count(),
                       "local": jax.local_device_count(), "val_loss": summary["metrics"]["loss"],
-                      "wrote": (pathlib.Path(root) / "mp" / "summary.json").exists()}))
+                      "wrote": (out / "summary.json").exists()}))
+
+
+def compare_orbax(a, b):
+    init, got_a = read_orbax(a)
+    _, got_b = read_orbax(b)
+    print(json.dumps({"check": "compare_orbax", "steps": [got_a[0], got_b[0]],
+                      "param_diff": max_diff(got_a[1], got_b[1]),
+                      "moved": max_diff(init, got_a[1])}))
 
 
 def compare(a, b):
@@ -186,5 +239,9 @@ if __name__ == "__main__":
         check_multiprocess(*rest)
     elif name == "compare":
         compare(*rest)
+    elif name == "orbax":
+        check_orbax(rest[0])
+    elif name == "compare_orbax":
+        compare_orbax(*rest)
     else:
         raise SystemExit(f"unknown check {name!r}")

@@ -78,13 +78,10 @@ def test_sharded_step_eval_accumulation_and_bfloat16():
     assert bf["loss"][1] == pytest.approx(bf["loss"][0], rel=1e-2)
 
 
-def test_sharded_resume_is_bit_identical_and_two_processes_train_as_one(tmp_path):
-    (res,) = _worker("resume", str(tmp_path))["resume"]
-    assert res["same_payload"]
-    assert res["remeshed_diff"] < 1e-3 * res["moved"]  # resumed on 2 devices instead of 4
+def _two_processes(tmp_path, variant):
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, str(WORKER), "multiprocess", str(rank), port,
-                               str(tmp_path)], env=_env(2), stdout=subprocess.PIPE,
+                               str(tmp_path), variant], env=_env(2), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
@@ -93,10 +90,40 @@ def test_sharded_resume_is_bit_identical_and_two_processes_train_as_one(tmp_path
     assert [r["devices"] for r in recs] == [4, 4] and [r["local"] for r in recs] == [2, 2]
     assert recs[0]["wrote"]  # process 0 wrote the summary (and only it may: `is_writer`)
     assert recs[0]["val_loss"] == recs[1]["val_loss"]  # global metrics, the same everywhere
+    return recs
+
+
+def test_sharded_resume_is_bit_identical_and_two_processes_train_as_one(tmp_path):
+    """A sharded run resumes bit-identically (and on another mesh to float tolerance); two
+    processes of 2 devices each (gloo over loopback) reach the parameters of one 4-device
+    process."""
+    (res,) = _worker("resume", str(tmp_path))["resume"]
+    assert res["same_payload"]
+    assert res["remeshed_diff"] < 1e-3 * res["moved"]  # resumed on 2 devices instead of 4
+    _two_processes(tmp_path, "data")
     (cmp,) = _worker("compare", str(tmp_path / "full"), str(tmp_path / "mp"), devices=1)["compare"]
     assert cmp["moved"] > 1e-4 and cmp["param_diff"] < 1e-3 * cmp["moved"]
     metrics = (tmp_path / "mp" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == len((tmp_path / "full" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_orbax_checkpoints_of_a_model_axis_resume_bit_identically(tmp_path):
+    (orb,) = _worker("orbax", str(tmp_path))["orbax"]
+    assert orb["steps"] == [6, 6] and orb["identical"] and orb["moved"] > 1e-4
+    assert orb["kept"] == ["3", "6"] and orb["native_files"] == []  # keep_checkpoints 3
+    assert orb["load_run_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_two_processes_with_a_model_axis_checkpoint_with_orbax(tmp_path):
+    """Parameters split over a model axis that spans both processes: `checkpointer: auto`
+    picks orbax, and the result equals one process with the same mesh."""
+    _worker("orbax", str(tmp_path))
+    _two_processes(tmp_path, "model")
+    (orb,) = _worker("compare_orbax", str(tmp_path / "orbax_full"), str(tmp_path / "mp_model"),
+                     devices=1)["compare_orbax"]
+    assert orb["steps"] == [6, 6] and orb["param_diff"] < 1e-3 * orb["moved"]
+    assert not list((tmp_path / "mp_model").glob("ckpt-*"))  # no native file: orbax wrote
 
 
 def test_mesh_errors():

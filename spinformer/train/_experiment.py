@@ -22,7 +22,7 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
-from . import _mesh
+from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
 from ._step import init_opt_state
@@ -139,6 +139,17 @@ def build_mesh(cfg: "_config.Config"):
     mesh = _mesh.make_mesh(cfg.train.mesh)
     _mesh.check_batch_size(cfg.data.batch_size, mesh)
     return mesh
+
+
+def resolve_checkpointer(cfg: "_config.Config", mesh) -> str:
+    """`train.checkpointer`, with `auto` made concrete: orbax when parameters are split over a
+    `model` axis and there are several processes (no process holds whole arrays), native
+    otherwise."""
+    kind = cfg.train.checkpointer
+    if kind == "auto":
+        split = mesh is not None and mesh.shape["model"] > 1 and jax.process_count() > 1
+        kind = "orbax" if split else "native"
+    return kind
 
 
 def build_optimizer(cfg: "_config.Config"):
@@ -361,7 +372,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             progress=t.progress if progress is None else progress,
             lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
-            precision=t.precision, mesh=mesh,
+            precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
         )
     return summary
 
@@ -377,7 +388,10 @@ def load_run(run_dir):
     cfg = _config.load_config(saved)
     dataset = build_dataset(cfg)
     like = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    got = load_latest(run_dir, (like, init_opt_state(build_optimizer(cfg), like)))
+    like = (like, init_opt_state(build_optimizer(cfg), like))
+    got = load_latest(run_dir, like)
+    if got is None and _orbax.OrbaxCheckpoints(run_dir).exists():  # a sharded run's
+        got = _orbax.OrbaxCheckpoints(run_dir).restore_latest(like)
     if got is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to load (the run wrote none yet).")
     return cfg, dataset, got[1]

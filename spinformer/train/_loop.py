@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import _checkpoint as ckpt
-from . import _mesh
+from . import _mesh, _orbax
 from ._figures import plot_run
 from ._step import evaluate, init_opt_state, jit_step, to_device
 
@@ -127,11 +127,11 @@ class _Progress:
             self._print()
 
 
-def _divergence_message(step: int, bad: int, metrics: dict, out: pathlib.Path) -> str:
+def _divergence_message(step: int, bad: int, metrics: dict, out: pathlib.Path,
+                        saved: pathlib.Path) -> str:
     """What diverged, where to restart from, and what to look at."""
-    last = ckpt.list_checkpoints(out)
-    where = (f"the newest checkpoint is {last[-1][1]} (step {last[-1][0]}; the skipped steps "
-             "changed nothing)" if last else "no checkpoint was written")
+    where = (f"the newest checkpoint is {saved} (step {step}; the skipped steps changed "
+             "nothing)")
     failures = metrics.get("solver_failures")
     solver = (f"; {failures:.0%} of the last step's forward solves failed" if failures else "")
     return (
@@ -175,6 +175,7 @@ def fit(
     accumulate: int = 1,
     precision: str = "float32",
     mesh=None,
+    checkpointer: str = "native",
 ):
     """Train `model` on `dataset` and write a run directory.
 
@@ -195,6 +196,9 @@ def fit(
       changes; the records count them in `bad_steps`); this many in a row raise
       `FloatingPointError` after writing a checkpoint of the (still finite) state.
     - `accumulate`, `precision`: see `jit_step`.
+    - `checkpointer`: `"native"` (one checksummed file per checkpoint, written by process 0
+      from whole arrays) or `"orbax"` (orbax-checkpoint: every process writes its own shards
+      under `out_dir/orbax/`; for state no process holds whole). Resume reads the same kind.
     - `mesh`: a `jax.sharding.Mesh` from `make_mesh` (None: this process's default device,
       nothing sharded). Batches are split over its `data` axis, the model and optimiser
       state replicated (or split over `model`); the metrics are global. With several
@@ -215,8 +219,15 @@ def fit(
     es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
     elapsed_before, bad_total = 0.0, 0
     records_kept: list[dict] = []
+    if checkpointer not in ("native", "orbax"):
+        raise ValueError(f"checkpointer={checkpointer!r}: use 'native' or 'orbax'.")
+    orbax = _orbax.OrbaxCheckpoints(out, keep_checkpoints) if checkpointer == "orbax" else None
     if resume:
-        got = ckpt.load_latest(out, (model, opt_state))
+        if orbax is not None:  # each process reads its own shards onto the current mesh
+            shardings = None if mesh is None else _mesh.state_shardings((model, opt_state), mesh)
+            got = orbax.restore_latest((model, opt_state), shardings)
+        else:
+            got = ckpt.load_latest(out, (model, opt_state))
         if got is not None:
             start, model, opt_state, meta = got
             es = meta.get("early_stopping", es)
@@ -253,6 +264,8 @@ def fit(
             "elapsed_s": now(),
             "bad_steps": bad_total,
         }
+        if orbax is not None:  # every process writes its own shards
+            return orbax.save(step, model, opt_state, meta)
         state = (model, opt_state) if mesh is None else _mesh.gather((model, opt_state))
         if writer:
             return ckpt.save_checkpoint(out, step, *state, meta, keep=keep_checkpoints)
@@ -283,9 +296,9 @@ def fit(
                     rec["time_s"] = round(now(), 3)
                     log(rec)
                 if bad_run >= max_bad_steps:
-                    save(step)
+                    path = save(step)
                     raise FloatingPointError(_divergence_message(
-                        step, bad_run, {k: float(v) for k, v in metrics.items()}, out))
+                        step, bad_run, {k: float(v) for k, v in metrics.items()}, out, path))
                 show.update(step, rec)
                 if step % eval_every == 0 or step == steps:
                     last_eval = evaluate(model, eval_set)
