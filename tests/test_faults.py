@@ -568,9 +568,6 @@ def try_config(example: Fuzzed) -> str:
     return "ran"
 
 
-FUZZ_COUNTS: dict = {}  # test name -> Counter, for the closing report
-
-
 def fuzz(name: str, text_path, *, max_examples: int, attentions, cheap: bool,
          wrong_share: float) -> collections.Counter:
     """Try `max_examples` fuzzed configs (deterministically), count and print the
@@ -596,7 +593,6 @@ def fuzz(name: str, text_path, *, max_examples: int, attentions, cheap: bool,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. solvers that did not converge in 4 steps
         check()
-    FUZZ_COUNTS[name] = counts
     print(f"\n{name}: {counts['tried']} fuzzed configs: {counts['ran']} trained a step, "
           f"{counts['refused']} refused with a ConfigError naming the key (with a wrong "
           f"value: {counts['wrong refused']} refused, {counts['wrong ran']} odd but usable "
@@ -620,9 +616,9 @@ def test_fuzzed_configs_train_or_name_the_key(text_file):
 
 @pytest.mark.slow
 def test_fuzzed_configs_every_attention(text_file):
-    counts = fuzz("slow", text_file, max_examples=300, attentions=ATTENTIONS, cheap=False,
+    counts = fuzz("slow", text_file, max_examples=200, attentions=ATTENTIONS, cheap=False,
                   wrong_share=0.5)
-    assert counts["tried"] == 300 and counts["ran"] >= 50
+    assert counts["tried"] == 200 and counts["ran"] >= 50
 
 
 def test_schema_walk_sees_every_key():
