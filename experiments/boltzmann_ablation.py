@@ -126,7 +126,10 @@ def cmd_run(args):
         cfg = config_for(task, T, ffn, mode, seed, args.quick)
         t0 = time.perf_counter()
         try:
-            summary = sf.train.run(cfg, out, progress=False)
+            # a run killed mid-way is continued from its checkpoint (a fresh run would be
+            # refused: the directory already holds one)
+            summary = sf.train.run(cfg, out, progress=False,
+                                   resume=(out / "config.yaml").exists())
         except FloatingPointError as e:  # a diverged run is a result: record it, go on
             (out / "failed.json").write_text(json.dumps({"error": str(e)}))
             print(f"[{i + 1}/{len(todo)}] {out.name}: FAILED: {e}", flush=True)

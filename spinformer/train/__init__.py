@@ -11,7 +11,15 @@ from ._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from ._experiment import build_dataset, build_model, build_optimizer, load_run, run
+from ._experiment import (
+    RunDirError,
+    build_dataset,
+    build_model,
+    build_optimizer,
+    check_run_dir,
+    load_run,
+    run,
+)
 from ._figures import plot_run, plot_runs
 from ._loop import TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
@@ -31,6 +39,8 @@ from ._step import (
 
 __all__ = [
     "CorruptCheckpoint",
+    "RunDirError",
+    "check_run_dir",
     "TrainingInterrupted",
     "initialize_distributed",
     "is_writer",
