@@ -18,6 +18,7 @@ def _load(name):
     return mod
 
 
+@pytest.mark.slow  # ~60 s: the sweep's whole quick grid (the default suite keeps under ~15 min)
 def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     ablation = _load("boltzmann_ablation")

@@ -1000,7 +1000,7 @@ def _signal_mid_run(tmp_path, name, sig, steps):
 
 
 def test_sigterm_checkpoints_and_resume_is_bit_identical(tmp_path):
-    steps = 1500
+    steps = 800
     path, cut, err = _signal_mid_run(tmp_path, "cut", signal.SIGTERM, steps)
     assert cut.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "stopped by SIGTERM at step" in err and "--resume" in err
