@@ -14,6 +14,7 @@ formats, and what is wrong; image files raise its subclass `ImageDataError`.
 
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
+from ._corrupt import MASK_MODES, mask_images, noisy_images
 from ._images import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
 from ._images import ImageDataError, ImageDataNotFound, ImageDataset, find_mnist_files
 from ._images import load_mnist, patchify, read_idx, unpatchify, write_idx
@@ -30,6 +31,7 @@ __all__ = [
     "DIGITS_CLASSES",
     "DataFileError",
     "Dataset",
+    "MASK_MODES",
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_DIR",
     "FETCHABLE",
@@ -47,6 +49,8 @@ __all__ = [
     "find_mnist_files",
     "load_mnist",
     "load_vocab",
+    "mask_images",
+    "noisy_images",
     "oracle",
     "parse_sentence",
     "patchify",

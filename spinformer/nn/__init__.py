@@ -17,6 +17,9 @@ A new attention is one module plus one config dataclass, registered with
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
 from . import _softmax, _spin, _boltzmann, _neurogame, _implicit, _free_energy  # noqa: F401, I001
+from ._attractor import AttractorNetwork as AttractorNetwork
+from ._attractor import PixelSpinEmbedding as PixelSpinEmbedding
+from ._attractor import attractor_sgd_step as attractor_sgd_step
 from ._block import Block as Block
 from ._block import FeedForward as FeedForward
 from ._boltzmann import BoltzmannAttention as BoltzmannAttention
@@ -35,6 +38,7 @@ from ._neurogame import NeuroGameConfig as NeuroGameConfig
 from ._neurogame import NeuroGameDiagnostics as NeuroGameDiagnostics
 from ._pair import PairClassifier as PairClassifier
 from ._pair import PairDiagnostics as PairDiagnostics
+from ._reconstruct import PatchReconstructor as PatchReconstructor
 from ._registry import Registration as Registration
 from ._registry import attention_names as attention_names
 from ._registry import get_attention as get_attention
@@ -58,6 +62,7 @@ def __getattr__(name):
 
 __all__ = [
     "ATTENTIONS",
+    "AttractorNetwork",
     "Block",
     "BoltzmannAttention",
     "BoltzmannConfig",
@@ -75,6 +80,8 @@ __all__ = [
     "NeuroGameDiagnostics",
     "PairClassifier",
     "PairDiagnostics",
+    "PatchReconstructor",
+    "PixelSpinEmbedding",
     "Registration",
     "SequenceModel",
     "SoftmaxAttention",
@@ -84,6 +91,7 @@ __all__ = [
     "Tagger",
     "Transformer",
     "attention_names",
+    "attractor_sgd_step",
     "causal_mask",
     "get_attention",
     "param_labels",

@@ -16,6 +16,8 @@ batches. The families:
   values, the NeuroGame estimators);
 - `adaptive_tap`: adaptive TAP (Opper–Winther) for vector spins with d × d coupling blocks,
   Gaussian or binary priors, cavity variances from linear response;
+- `attractor`: self-attention as an attractor network of unit vectors with position-dependent
+  d × d couplings (local energies, their dynamics, the exact pseudo-likelihood on the sphere);
 - `free_energy`: the steepest-descent (large-D) free energy of vector spins on spheres, its
   saddle, and magnetizations as derivatives of log Z.
 
@@ -30,6 +32,7 @@ m = ising.tap(h, J, beta=0.5)
 """
 
 from . import adaptive_tap as adaptive_tap
+from . import attractor as attractor
 from . import coalitions as coalitions
 from . import free_energy as free_energy
 from . import ising as ising
@@ -37,4 +40,4 @@ from . import kinetic as kinetic
 from . import samplers as samplers
 from . import vector as vector
 
-__all__ = ["adaptive_tap", "coalitions", "free_energy", "ising", "kinetic", "samplers", "vector"]
+__all__ = ["adaptive_tap", "attractor", "coalitions", "free_energy", "ising", "kinetic", "samplers", "vector"]
