@@ -494,6 +494,10 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
             raise ConfigError(f"{p}: not valid YAML: {e}") from e
         if not isinstance(raw, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections.")
+        if "experiment" in raw:
+            raise ConfigError(f"{p}: an experiment config (experiment: {raw['experiment']}), "
+                              f"not a training run; run it with `python experiments/"
+                              f"{raw['experiment']}.py all --config {p}`.")
     if isinstance(overrides, Mapping):
         changes = dict(overrides)
     else:

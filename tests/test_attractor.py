@@ -305,3 +305,10 @@ def test_experiment_config_errors(tmp_path):
     other.write_text("model: {dim: 3}\n")
     with pytest.raises(ValueError, match="not an attractor experiment"):
         exp.load_config(other)
+
+
+def test_spinformer_run_points_experiment_configs_to_their_script():
+    from spinformer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="experiments/attractor.py all --config"):
+        load_config(ROOT / "configs" / "attractor" / "fmnist.yaml")

@@ -143,8 +143,11 @@ class AttractorNetwork(eqx.Module):
       dynamics at test time (paper: 1).
     - `gamma`: self-coupling γ in x_i ← Σ_j α 𝕁 x_j + γ x_i (paper: 1).
     - `norm`: `"sphere"` (default) or `"layernorm"` after every step (`spins.attractor.normalize`).
-    - `constraint`: `"global"` or `"block"` (which norm is held fixed, see above; the paper says
-      "the L2 norm of the matrix is kept fixed", which reads as the whole tensor).
+    - `constraint`: `"block"` (default) or `"global"` — which norm is held fixed, see above. The
+      paper says "the L2 norm of the matrix is kept fixed", and calls each 𝕁_ij "a d × d
+      matrix"; holding every block's norm is also what reproduces its transient memories
+      (with the whole tensor's norm fixed, training concentrates the couplings on a few pairs
+      and the masked-prediction optimum moves from t ≈ 2 to t ≈ 15, measured on Fashion-MNIST).
     - `key`: couplings uniform in [−1/(2d), 1/(2d)] (paper sec. V-B), 𝕁_ii = 0; the embedding.
 
     Calling the module, `net(x)`, is one step of the dynamics at `lam_test` (the attention
@@ -162,7 +165,7 @@ class AttractorNetwork(eqx.Module):
 
     def __init__(self, image_shape: Sequence[int], patch: int, dim: int, *,
                  lam_train: float = 5.0, lam_test: float = 1.0, gamma: float = 1.0,
-                 norm: str = "sphere", constraint: Constraint = "global",
+                 norm: str = "sphere", constraint: Constraint = "block",
                  key: PRNGKeyArray):
         if norm not in _phys.NORMS:
             raise ValueError(f"AttractorNetwork: norm must be one of {_phys.NORMS}; got "
