@@ -50,13 +50,14 @@ from spinformer.data import mask_images, noisy_images, patchify, unpatchify
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "attractor" / "fmnist.yaml"
 TASKS = ("mask", "noise")
-MODELS = ("attractor", "attractor_p4", "block_mask", "block_noise", "vit_mask", "vit_noise")
+MODELS = ("attractor", "attractor_p4", "block_mask", "block_noise", "vit_mask", "vit_noise",
+          "attractor_pl")  # the last only when the config has an attractor_pl section
 ATTRACTOR_KEYS = {"patch", "dim", "lam_train", "lam_test", "gamma", "norm", "constraint",
                   "objective", "epochs", "batch_size", "lr", "clip"}
 BASELINE_KEYS = {"patch", "dim", "depth", "num_heads", "ffn_hidden", "iterations", "epochs",
                  "batch_size", "lr"}
 SECTIONS = {"description", "experiment", "seed", "data", "tasks", "eval", "attractor",
-            "attractor_p4", "block", "vit"}
+            "attractor_p4", "attractor_pl", "block", "vit"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,8 +82,13 @@ def load_config(path, overrides=()) -> dict:
         raise ValueError(f"{path}: unknown section(s) {sorted(unknown)}; known: "
                          f"{sorted(SECTIONS)}.")
     cfg["attractor_p4"] = {**cfg["attractor"], **(cfg.get("attractor_p4") or {})}
+    if "attractor_pl" in cfg:
+        cfg["attractor_pl"] = {**cfg["attractor"], **(cfg.get("attractor_pl") or {})}
     for sec, keys in (("attractor", ATTRACTOR_KEYS), ("attractor_p4", ATTRACTOR_KEYS),
-                      ("block", BASELINE_KEYS), ("vit", BASELINE_KEYS)):
+                      ("attractor_pl", ATTRACTOR_KEYS), ("block", BASELINE_KEYS),
+                      ("vit", BASELINE_KEYS)):
+        if sec not in cfg:
+            continue
         bad = set(cfg[sec]) - keys
         if bad:
             raise ValueError(f"{path}: unknown key(s) {sorted(bad)} in {sec}; known: "
@@ -127,6 +133,11 @@ def corrupt(cfg, images, task, *, split, index):
 # --------------------------------------------------------------------------------------------
 # models and training
 # --------------------------------------------------------------------------------------------
+
+def models(cfg) -> tuple[str, ...]:
+    """The models this config trains (`attractor_pl` only when it has that section)."""
+    return tuple(m for m in MODELS if m != "attractor_pl" or "attractor_pl" in cfg)
+
 
 def build(cfg, name, image_shape):
     key = jax.random.key(int(cfg["seed"]) + MODELS.index(name))
@@ -383,6 +394,8 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
     for task in TASKS:
         for norm in ("sphere", "layernorm"):
             jobs.append((f"attractor[{norm}]", "attractor", task, norm))
+        if "attractor_pl" in cfg:
+            jobs.append(("attractor_pl", "attractor_pl", task, None))
         jobs.append(("block", f"block_{task}", task, None))
         jobs.append(("vit", f"vit_{task}", task, None))
     jobs.append(("attractor_p4", "attractor_p4", "mask", None))
@@ -459,6 +472,12 @@ def observations(res) -> list[tuple[str, str]]:
             out.append((f"ViT best overall, {task}",
                         f"{'yes' if best else 'no'}: ViT {vb:.4f} vs best of others " +
                         ", ".join(f"{k.split('/')[0]} {o:.4f}" for k, o in others.items())))
+        pl = get(f"attractor_pl/{task}")
+        if pl is not None and a is not None:
+            mp, ma = np.asarray(pl["mean"]), np.asarray(a["mean"])
+            out.append((f"(ours) exact pseudo-likelihood training vs the paper's energy, {task}",
+                        f"best MSE {mp[pl['best_t']]:.4f} at t={pl['best_t']} vs "
+                        f"{ma[a['best_t']]:.4f} at t={a['best_t']}"))
     pv = res.get("patch_var", {})
     if all(k in pv for k in ("vit", "block", "attractor_p4")):
         med = {k: float(np.median(pv[k])) for k in ("vit", "block", "attractor_p4",
@@ -494,6 +513,7 @@ def write_report(cfg, res, out_dir):
     (out / "results.json").write_text(json.dumps(js, indent=1))
 
     styles = {"attractor[sphere]": ("C1", "-"), "attractor[layernorm]": ("C1", ":"),
+              "attractor_pl": ("C3", "-."),
               "block": ("C0", "-"), "vit": ("C2", "--")}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, task in zip(axes, TASKS):
@@ -506,7 +526,11 @@ def write_report(cfg, res, out_dir):
                 ax.axhline(m[1], color=col, ls=ls, label="ViT, 5 layers (one pass)")
                 continue
             t = np.arange(len(m))
-            ax.plot(t, m, color=col, ls=ls, label=label.replace("attractor", "bare self-attention"))
+            ax.plot(t, m, color=col, ls=ls, label={
+                "attractor[sphere]": "bare self-attention (no backprop)",
+                "attractor[layernorm]": "same, literal layer norm",
+                "attractor_pl": "same, trained on the exact pseudo-likelihood",
+                "block": "recurrent block (backprop)"}.get(label, label))
             ax.fill_between(t, m - 2 * s, m + 2 * s, color=col, alpha=0.15)
         ax.set_title({"mask": f"masked prediction ({cfg['tasks']['mask_fraction']:.0%} "
                               f"{cfg['tasks']['mask_mode']})",
@@ -625,7 +649,7 @@ def main(argv=None):
     results = pathlib.Path(a.results or (ROOT / "experiments" / "results" / "attractor"))
     images = load_images(cfg)
     if a.command in ("run", "all"):
-        for m in a.only or MODELS:
+        for m in a.only or models(cfg):
             st = train_model(cfg, m, images, runs, progress=not a.quiet)
             print(f"{m}: epoch {st['epoch']}/{st['epochs']}, {st['wall_s']:.0f} s, "
                   f"loss {st['loss'][-1] if st['loss'] else float('nan'):.5g}", flush=True)

@@ -170,7 +170,7 @@ def test_decode_maps_outside_directions_to_the_nearer_end():
 
 
 def test_training_holds_the_norm_and_lowers_the_energy(images):
-    net = sf.nn.AttractorNetwork((8, 8), 2, 8, key=jax.random.key(0))
+    net = sf.nn.AttractorNetwork((8, 8), 2, 8, constraint="global", key=jax.random.key(0))
     step = eqx.filter_jit(sf.nn.attractor_sgd_step)
     norm0 = float(net.coupling_norm())
     x = jax.vmap(net.embedding.embed)(images)
@@ -270,7 +270,7 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
     exp = _load_experiment()
     cfg_path = ROOT / "configs" / "attractor" / "quick.yaml"
     runs, res = tmp_path / "runs", tmp_path / "res"
-    over = ["attractor.epochs=1", "block.epochs=1", "vit.epochs=1"]
+    over = ["attractor.epochs=1", "block.epochs=1", "vit.epochs=1", "attractor_pl.epochs=1"]
     assert exp.main(["run", "--config", str(cfg_path), "--runs", str(runs), "--quiet",
                      "--set", *over]) == 0
     state = (runs / "attractor" / "state.json").read_text()
@@ -287,7 +287,8 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
               "patch_variance.png", "global_attractor.png"):
         assert (res / f).exists(), f
     r = json.loads((res / "results.json").read_text())
-    for k in ("attractor[sphere]/mask", "attractor[sphere]/noise", "block/mask", "vit/noise"):
+    for k in ("attractor[sphere]/mask", "attractor[sphere]/noise", "block/mask", "vit/noise",
+              "attractor_pl/mask"):
         assert len(r["curves"][k]["mean"]) == (2 if k.startswith("vit") else 7)
     # t = 0 is the corrupted input: the same for every model of a task
     assert r["curves"]["block/mask"]["mean"][0] == pytest.approx(
