@@ -104,6 +104,14 @@ def _cmd_list(args) -> int:
     width = max(len(n) for n, _ in rows)
     for name, desc in rows:
         print(f"{name:<{width}}  {desc}")
+    d = pathlib.Path(args.dir) if args.dir else configs_dir()
+    exp = [(sub.name, list_configs(sub)) for sub in sorted(d.iterdir()) if sub.is_dir()]
+    for group, cfgs in exp:
+        if cfgs:
+            print(f"\nexperiment configs in {d / group} (run with `python experiments/"
+                  f"{group}.py all --config {d / group}/NAME.yaml`):")
+            for name, desc in cfgs:
+                print(f"  {name:<{width}}  {desc}")
     return 0
 
 
