@@ -36,7 +36,11 @@ descent on any single energy, and E need not decrease along it.
       −log p(x_i | x_{∖i}) = e_i + log Σ_{j≠i} Z_d(‖λ 𝕁_ij x_j‖)
 
   (`pseudo_likelihood`), the exact negative log pseudo-likelihood of the spins on the sphere
-  (Besag 1975), which is bounded below and does not reward large couplings by itself.
+  (Besag 1975). Scaling the couplings up no longer lowers it by itself: for couplings that
+  do not fit the data it grows with λ (a normalised density cannot put mass everywhere). It
+  is still not bounded below — couplings that fit a configuration exactly (𝕁_ij ∝ x_i x_jᵀ)
+  concentrate each conditional on it and drive it to −∞ like −(d−1)/2 · N · log λ — so a
+  norm constraint remains useful, but it no longer has to carry the whole regularisation.
 - eq. 3 and eq. 1 agree (checked with `jax.grad` in the tests); eq. 5's identification
   𝕁 = Σ_k W_k^Q ⊗ W_k^K = W^V is what makes them self-attention.
 
