@@ -422,7 +422,7 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
             print(f"  {label:22s} {task:5s}: MSE t=0 {mean[0]:.4f}  best t={best} "
                   f"{mean[best]:.4f}  t={len(mean) - 1} {mean[-1]:.4f}  ({time.time() - t0:.0f} s)",
                   flush=True)
-    res["patch_var"]["clean images"] = patch_variances(test[:bs], 4)
+    res["patch_var"]["clean images"] = patch_variances(test[:bs], 4)  # same images as above
     if (pathlib.Path(runs) / "attractor" / "state.json").exists():
         net, _ = load_model(cfg, "attractor", shape, runs)
         res["global"], res["mean_image"] = global_attractor(
@@ -480,12 +480,15 @@ def observations(res) -> list[tuple[str, str]]:
                         f"{ma[a['best_t']]:.4f} at t={a['best_t']}"))
     pv = res.get("patch_var", {})
     if all(k in pv for k in ("vit", "block", "attractor_p4")):
-        med = {k: float(np.median(pv[k])) for k in ("vit", "block", "attractor_p4",
-                                                     "clean images")}
+        keys = ("vit", "block", "attractor_p4", "clean images")
+        med = {k: float(np.median(pv[k])) for k in keys}
+        flat = {k: float(np.mean(pv[k] < 1e-4)) for k in keys}
         order = med["vit"] > med["block"] > med["attractor_p4"]
         out.append(("within-patch variance: ViT > block > attractor (more uniform patches)",
                     f"{'yes' if order else 'no'}: medians " +
-                    ", ".join(f"{k} {v:.2e}" for k, v in med.items())))
+                    ", ".join(f"{k} {v:.2e}" for k, v in med.items()) +
+                    "; patches with variance < 1e-4: " +
+                    ", ".join(f"{k} {v:.0%}" for k, v in flat.items())))
     g = res.get("global")
     if g:
         out.append(("a global attractor near the mean training image",
@@ -568,15 +571,17 @@ def write_report(cfg, res, out_dir):
 
     pv = res["patch_var"]
     if pv:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        bins = np.logspace(-8, 0, 60)
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        bins = np.linspace(-8, 0, 49)
         for k, v in pv.items():
-            ax.hist(np.maximum(v, 1e-8), bins=bins, histtype="step", density=True,
-                    label=f"{k} (median {np.median(v):.1e})")
-        ax.set_xscale("log")
-        ax.set_xlabel("variance of the predicted pixels within a 4×4 patch (masked task)")
-        ax.set_ylabel("density")
-        ax.legend(fontsize=8)
+            lv = np.log10(np.maximum(v, 1e-8))
+            ax.hist(lv, bins=bins, histtype="step", weights=np.full(len(lv), 1.0 / len(lv)),
+                    label=f"{k} (median {np.median(v):.1e}, "
+                          f"{np.mean(v < 1e-4):.0%} below 1e-4)")
+        ax.set_xlabel("log10 variance of the pixels within a 4×4 patch (masked task; "
+                      "variances < 1e-8 in the first bin)", fontsize=8)
+        ax.set_ylabel("fraction of patches")
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "patch_variance.png", dpi=120)
         plt.close(fig)

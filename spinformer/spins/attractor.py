@@ -44,8 +44,10 @@ descent on any single energy, and E need not decrease along it.
 - eq. 3 and eq. 1 agree (checked with `jax.grad` in the tests); eq. 5's identification
   𝕁 = Σ_k W_k^Q ⊗ W_k^K = W^V is what makes them self-attention.
 
-Everything here handles one configuration `x (N, d)`; vmap over a batch. The contractions are
-batched matmuls (no loops over tokens): one step costs O(N² d²).
+Everything here handles one configuration `x (N, d)`; vmap over a batch. One step costs
+O(N² d²): each receiving token's row (its scores and messages, a batched contraction over the
+N source tokens) is computed in a compiled `lax.map` over the tokens, which keeps each row's
+couplings and messages in cache (3.4× faster on CPU than one contraction over all N² pairs).
 """
 
 from __future__ import annotations
@@ -103,21 +105,20 @@ def zero_diagonal(J: Couplings) -> Float[Array, "N N d d"]:
     return J * (1.0 - jnp.eye(N, dtype=J.dtype))[:, :, None, None]
 
 
-def _messages(x, J):
-    """y_ij = 𝕁_ij x_j, shape (N, N, d): one batched matmul over the source token j."""
-    # (j, i·d, d) @ (j, d, 1): the batch axis j leads on both operands.
-    N, d = x.shape
-    Jt = jnp.swapaxes(J, 0, 1).reshape(N, N * d, d)
-    y = jnp.einsum("jad,jd->ja", Jt, x).reshape(N, N, d)
-    return jnp.swapaxes(y, 0, 1)
+def _row(x, J, i, lam):
+    """Token i's scores s_i· `(N,)` (−inf at j = i) and messages y_ij = 𝕁_ij x_j `(N, d)`."""
+    y = jnp.einsum("jab,jb->ja", J[i], x)
+    s = lam * (y @ x[i])
+    return jnp.where(jnp.arange(x.shape[0]) == i, -jnp.inf, s), y
 
 
-def _scores_and_messages(x, J, lam):
-    y = _messages(x, J)  # (i, j, d)
-    s = lam * jnp.einsum("id,ijd->ij", x, y)
-    N = x.shape[0]
-    s = jnp.where(jnp.eye(N, dtype=bool), -jnp.inf, s)
-    return s, y
+def _rows(fn, x, J, lam):
+    """`fn(s_i, y_i)` for every receiving token i, row by row (`lax.map`): each row reads its
+    N·d² couplings once and keeps its N × d messages in cache. Measured 3.4× faster for a step
+    and 2.2× for a training gradient than materialising all N² d messages at once
+    (`experiments/bench/attractor.py`, N = 196, d = 8, batch 32, 2 CPU cores)."""
+    x, J = jnp.asarray(x), jnp.asarray(J)
+    return jax.lax.map(lambda i: fn(*_row(x, J, i, lam)), jnp.arange(x.shape[0]))
 
 
 def scores(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, "N N"]:
@@ -126,8 +127,7 @@ def scores(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, "N N"]:
     **Arguments:** `x (N, d)` tokens, `J (N, N, d, d)` couplings, `lam` the strength λ.
     **Returns:** `(N, N)`."""
     check_couplings("scores", x, J)
-    x, J = jnp.asarray(x), jnp.asarray(J)
-    return _scores_and_messages(x, J, lam)[0]
+    return _rows(lambda s, y: s, x, J, lam)
 
 
 def attention_weights(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, "N N"]:
@@ -138,7 +138,8 @@ def attention_weights(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Arr
 
 def local_energies(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, " N"]:
     """e_i = −log Σ_{j≠i} exp(λ x_i · 𝕁_ij x_j) (eq. 4). **Returns:** `(N,)`."""
-    return -jax.nn.logsumexp(scores(x, J, lam=lam), axis=-1)
+    check_couplings("local_energies", x, J)
+    return _rows(lambda s, y: -jax.nn.logsumexp(s), x, J, lam)
 
 
 def energy(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, ""]:
@@ -150,10 +151,7 @@ def field(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Array, "N d"]:
     """The self-attention output Σ_{j≠i} α_{i←j} λ 𝕁_ij x_j = −∂e_i/∂x_i (eqs. 1 and 3,
     without the γ x_i term). **Returns:** `(N, d)`."""
     check_couplings("field", x, J)
-    x, J = jnp.asarray(x), jnp.asarray(J)
-    s, y = _scores_and_messages(x, J, lam)
-    a = jax.nn.softmax(s, axis=-1)
-    return lam * jnp.einsum("ij,ijd->id", a, y)
+    return _rows(lambda s, y: lam * (jax.nn.softmax(s) @ y), x, J, lam)
 
 
 def normalize(x: Float[ArrayLike, "... d"], kind: Norm = "sphere", *,
@@ -264,11 +262,13 @@ def pseudo_likelihood(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Arr
     Their sum is the negative log pseudo-likelihood (Besag 1975) that the paper's energy
     stands in for. **Returns:** `(N,)`."""
     N, d = check_couplings("pseudo_likelihood", x, J)
-    x, J = jnp.asarray(x), jnp.asarray(J)
-    s, y = _scores_and_messages(x, J, lam)
-    kappa = lam * jnp.sqrt(jnp.sum(y * y, axis=-1) + 1e-30)
-    logz = jnp.where(jnp.eye(N, dtype=bool), -jnp.inf, log_sphere_partition(kappa, d))
-    return jax.nn.logsumexp(logz, axis=-1) - jax.nn.logsumexp(s, axis=-1)
+
+    def row(s, y):
+        kappa = lam * jnp.sqrt(jnp.sum(y * y, axis=-1) + 1e-30)
+        logz = jnp.where(jnp.isinf(s), -jnp.inf, log_sphere_partition(kappa, d))
+        return jax.nn.logsumexp(logz) - jax.nn.logsumexp(s)
+
+    return _rows(row, x, J, lam)
 
 
 def _sphere_area(d: int) -> float:
