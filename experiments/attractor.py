@@ -350,6 +350,31 @@ def mse_curves(cfg, frames, images, task, batch_size):
     return np.concatenate(out, axis=0), first
 
 
+def blend_baseline(cfg, images, task, batch_size):
+    """The trivial reference a relaxation towards one global attractor should be compared
+    with: a·(corrupted input) + (1 − a)·(mean training image), with a fitted on corrupted
+    *training* images (grid of 101 values), scored on the test images. Returns
+    `{"a", "mse", "sem"}`."""
+    mean_img = images["train"].mean(axis=0)
+    grid = np.linspace(0.0, 1.0, 101)
+    fit = images["train"][: len(images["test"])]
+    sse = np.zeros_like(grid)
+    for i in range(0, len(fit), batch_size):
+        clean = fit[i:i + batch_size]
+        x = corrupt(cfg, clean, task, split="train", index=10**6 + i // batch_size)
+        for k, a in enumerate(grid):
+            sse[k] += np.sum((a * x + (1 - a) * mean_img - clean) ** 2)
+    a = float(grid[int(np.argmin(sse))])
+    per = []
+    for i in range(0, len(images["test"]), batch_size):
+        clean = images["test"][i:i + batch_size]
+        x = corrupt(cfg, clean, task, split="test", index=i // batch_size)
+        per.append(((a * x + (1 - a) * mean_img - clean) ** 2).mean(axis=(1, 2)))
+    per = np.concatenate(per)
+    return {"a": a, "mse": float(per.mean()),
+            "sem": float(per.std(ddof=1) / math.sqrt(len(per)))}
+
+
 def patch_variances(frames_at_t, patch=4):
     """Within-patch variance of the predicted pixels, one value per patch: `(B·N,)`."""
     p = patchify(np.asarray(frames_at_t), patch, batch_dims=1)
@@ -423,6 +448,9 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
                   f"{mean[best]:.4f}  t={len(mean) - 1} {mean[-1]:.4f}  ({time.time() - t0:.0f} s)",
                   flush=True)
     res["patch_var"]["clean images"] = patch_variances(test[:bs], 4)  # same images as above
+    for task in TASKS:  # a trivial reference: the best blend of the input and the mean image
+        res["blend"] = res.get("blend", {})
+        res["blend"][task] = blend_baseline(cfg, images, task, bs)
     if (pathlib.Path(runs) / "attractor" / "state.json").exists():
         net, _ = load_model(cfg, "attractor", shape, runs)
         res["global"], res["mean_image"] = global_attractor(
@@ -454,6 +482,12 @@ def observations(res) -> list[tuple[str, str]]:
                     f"{'yes' if nonmono else 'no'}: t=0 {m[0]:.4f}, best t={a['best_t']} "
                     f"{m[a['best_t']]:.4f}, t={len(m) - 1} {m[-1]:.4f}"))
         out.append((f"attractor, {task}: optimum at t {paper_t}", f"best t = {a['best_t']}"))
+        bl = res.get("blend", {}).get(task)
+        if bl is not None:
+            out.append((f"(ours) attractor's best transient vs the best blend of input and "
+                        f"mean training image, {task}",
+                        f"{m[a['best_t']]:.4f} vs {bl['mse']:.4f} ± {2 * bl['sem']:.4f} "
+                        f"(blend weight on the input {bl['a']:.2f})"))
     for task in TASKS:
         b = get(f"block/{task}")
         if b is not None:
@@ -508,7 +542,7 @@ def write_report(cfg, res, out_dir):
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     c = res["curves"]
-    js = {"curves": c, "observations": observations(res),
+    js = {"curves": c, "observations": observations(res), "blend": res.get("blend", {}),
           "global": {k: {kk: vv for kk, vv in v.items() if kk != "final"}
                      for k, v in res.get("global", {}).items()},
           "patch_var_median": {k: float(np.median(v)) for k, v in res["patch_var"].items()},
@@ -535,6 +569,10 @@ def write_report(cfg, res, out_dir):
                 "attractor_pl": "same, trained on the exact pseudo-likelihood",
                 "block": "recurrent block (backprop)"}.get(label, label))
             ax.fill_between(t, m - 2 * s, m + 2 * s, color=col, alpha=0.15)
+        bl = res.get("blend", {}).get(task)
+        if bl is not None:
+            ax.axhline(bl["mse"], color="0.5", ls=(0, (1, 2)),
+                       label=f"blend {bl['a']:.2f}·input + {1 - bl['a']:.2f}·mean image")
         ax.set_title({"mask": f"masked prediction ({cfg['tasks']['mask_fraction']:.0%} "
                               f"{cfg['tasks']['mask_mode']})",
                       "noise": f"denoising (noise variance {cfg['tasks']['noise_variance']})"}[task])
