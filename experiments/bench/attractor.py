@@ -100,7 +100,7 @@ def main(argv=None):
              "train_steps_per_s": 1.0 / t.median("train"), "peak_bytes": peak,
              "couplings_bytes": 4 * N * N * d * d}
         rows.append(r)
-        print(f"{label:34s} {N:4d} {d:3d} {r['step_ms']:8.1f} {r["all_pairs_ms"]:8.1f} "
+        print(f"{label:34s} {N:4d} {d:3d} {r['step_ms']:8.1f} {r['all_pairs_ms']:8.1f} "
               f"{r['ratio']:6.2f} {r['train_ms']:8.1f} {r['train_steps_per_s']:7.1f} "
               f"{peak / 2**20:9.1f} {r['couplings_bytes'] / 2**20:7.1f}", flush=True)
 
