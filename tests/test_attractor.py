@@ -104,6 +104,14 @@ def test_log_sphere_partition_against_scipy_and_closed_forms(x64):
         k = np.array([0.3, 2.0, 30.0])
         np.testing.assert_allclose(np.asarray(A.log_sphere_partition(jnp.asarray(k), 3)),
                                    np.log(4 * np.pi * np.sinh(k) / k), rtol=1e-7)
+        # d/dκ log Z_d(κ) = I_{ν+1}(κ)/I_ν(κ) (the series' derivative is a custom JVP)
+        for d in (3, 8, 40):
+            nu = d / 2 - 1
+            k = np.array([0.1, 2.0, 9.0, 14.5, 16.0, 80.0])
+            g = np.asarray(jax.vmap(jax.grad(lambda t: A.log_sphere_partition(t, d)))(
+                jnp.asarray(k)))
+            np.testing.assert_allclose(g, scipy_special.ive(nu + 1, k) / scipy_special.ive(nu, k),
+                                       rtol=1e-6, err_msg=f"d={d}")
     # finite gradient at κ = 0 and across the switch to the Debye expansion
     g = jax.vmap(jax.grad(lambda k: A.log_sphere_partition(k, 8)))(jnp.array([0.0, 14.7, 14.8]))
     assert np.all(np.isfinite(np.asarray(g)))

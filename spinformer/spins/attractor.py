@@ -52,6 +52,7 @@ couplings and messages in cache (3.4× faster on CPU than one contraction over a
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -206,6 +207,29 @@ _SERIES_TERMS = 32  # enough for √(ν² + κ²) < _DEBYE_FROM (terms peak at k
 _DEBYE_FROM = 15.0
 
 
+def _horner(q, nu):
+    """S(q) = Σ_k q^k / (k! (ν+1)_k) and S'(q), both by Horner's rule (one fused loop)."""
+    acc, dacc = jnp.ones_like(q), jnp.zeros_like(q)
+    for k in range(_SERIES_TERMS, 0, -1):
+        c = 1.0 / (k * (k + nu))
+        acc, dacc = 1.0 + q * c * acc, c * acc + q * c * dacc
+    return acc, dacc
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _log_series(q, nu):
+    """log S(q); its derivative S'/S comes from the same Horner pass (a custom JVP: autodiff
+    through the unrolled loop would store every partial sum)."""
+    return jnp.log(_horner(q, nu)[0])
+
+
+@_log_series.defjvp
+def _log_series_jvp(nu, primals, tangents):
+    (q,), (dq,) = primals, tangents
+    S, dS = _horner(q, nu)
+    return jnp.log(S), (dS / S) * dq
+
+
 def log_sphere_partition(kappa: Float[ArrayLike, "..."], d: int) -> Float[Array, "..."]:
     """log ∫_{S^{d−1}} exp(κ μ·x) dx = log[(2π)^{d/2} κ^{1−d/2} I_{d/2−1}(κ)] over the unit
     sphere in R^d (surface measure; μ any unit vector): the von Mises–Fisher normaliser.
@@ -213,8 +237,9 @@ def log_sphere_partition(kappa: Float[ArrayLike, "..."], d: int) -> Float[Array,
     Finite and differentiable for every κ ≥ 0 (κ → 0 gives the sphere's area
     2π^{d/2}/Γ(d/2)): a power series in κ² where √(ν² + κ²) < 15 (ν = d/2 − 1) and the Debye
     (uniform large-order) expansion of log I_ν with three correction terms beyond, which is
-    uniform in ν and needs no division by ν. Accurate to ~1e-6 relative in float64 (tests
-    compare with `scipy.special.ive`).
+    uniform in ν and needs no division by ν. Within 2e-7 of `scipy.special.ive` in float64
+    (tested for d = 2..64, κ = 0..1000); its derivative, the Bessel ratio I_{ν+1}(κ)/I_ν(κ),
+    to 1e-6 (the series' derivative comes from the same Horner pass, a custom JVP).
     """
     if int(d) < 2:
         raise ValueError(f"log_sphere_partition: need d >= 2; got d = {d}.")
@@ -230,11 +255,8 @@ def log_sphere_partition(kappa: Float[ArrayLike, "..."], d: int) -> Float[Array,
     # Horner's rule (one fused elementwise loop, no (…, K) intermediate); q < 57 here, where
     # 32 terms leave a relative remainder below 1e-9.
     ks = jnp.where(debye, 0.0, kappa)
-    q = ks * ks / 4.0
-    acc = jnp.ones_like(q)
-    for k in range(_SERIES_TERMS, 0, -1):
-        acc = 1.0 + q * acc / (k * (k + nu))
-    series = const - nu * math.log(2.0) - math.lgamma(nu + 1.0) + jnp.log(acc)
+    series = (const - nu * math.log(2.0) - math.lgamma(nu + 1.0)
+              + _log_series(ks * ks / 4.0, nu))
 
     # Debye: log I_ν(κ) ≈ −½log 2π − ½log R + R + ν log(κ/(ν+R)) + Σ u_k(t)/ν^k, t = ν/R,
     # with u_k(t)/ν^k written in t and R only.
@@ -264,11 +286,12 @@ def pseudo_likelihood(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Arr
     N, d = check_couplings("pseudo_likelihood", x, J)
 
     def row(s, y):
-        kappa = lam * jnp.sqrt(jnp.sum(y * y, axis=-1) + 1e-30)
-        logz = jnp.where(jnp.isinf(s), -jnp.inf, log_sphere_partition(kappa, d))
-        return jax.nn.logsumexp(logz) - jax.nn.logsumexp(s)
+        return jax.nn.logsumexp(s), lam * jnp.sqrt(jnp.sum(y * y, axis=-1) + 1e-30)
 
-    return _rows(row, x, J, lam)
+    lse_s, kappa = _rows(row, x, J, lam)  # (N,), (N, N)
+    # the normalisers outside the row loop: one vectorised pass over all N² pairs
+    logz = jnp.where(jnp.eye(N, dtype=bool), -jnp.inf, log_sphere_partition(kappa, d))
+    return jax.nn.logsumexp(logz, axis=-1) - lse_s
 
 
 def _sphere_area(d: int) -> float:
