@@ -62,7 +62,8 @@ class PixelSpinEmbedding(eqx.Module):
     the token is x = F s with F ∈ R^{d × 2a} a random matrix with orthonormal columns scaled by
     1/√a, so ‖x‖ = 1. Requires d ≥ 2a.
 
-    **Decoding** (`decode`): the left inverse F⁺ = a Fᵀ, then each pair (u, w) back to a pixel.
+    **Decoding** (`decode`): the left inverse F⁺ = a Fᵀ (the paper writes F⁻¹, but F is d × 2a,
+    not square, for d > 2a), then each pair (u, w) back to a pixel.
     Embedded pixels fill only the quarter circle between (0, 1) (p = 0) and (1, 0) (p = 1), at
     angle θ = atan2(w, u) ∈ [0, π/2], with p = cos θ/(cos θ + sin θ) = u/(u + w). Off the image
     — states reached by the dynamics are not images — the map is not invertible: `decode` uses

@@ -41,6 +41,11 @@ descent on any single energy, and E need not decrease along it.
   is still not bounded below — couplings that fit a configuration exactly (𝕁_ij ∝ x_i x_jᵀ)
   concentrate each conditional on it and drive it to −∞ like −(d−1)/2 · N · log λ — so a
   norm constraint remains useful, but it no longer has to carry the whole regularisation.
+- *Notation.* The paper puts the tokens on "a d-dimensional sphere S^d of unitary radius" in
+  R^d; that is S^{d−1} (what `log_sphere_partition` integrates over).
+- *Lyapunov function.* E is not one: the dynamics updates every token at once along its own
+  e_i, and E rises in about a third of the steps of random systems
+  (`notebooks/energy_views.ipynb`).
 - eq. 3 and eq. 1 agree (checked with `jax.grad` in the tests); eq. 5's identification
   𝕁 = Σ_k W_k^Q ⊗ W_k^K = W^V is what makes them self-attention.
 
