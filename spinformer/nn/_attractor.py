@@ -24,6 +24,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from ..data import patchify, unpatchify
 from ..spins import attractor as _phys
+from ._diagnostics import Diagnostics
 
 __all__ = ["AttractorNetwork", "PixelSpinEmbedding", "attractor_sgd_step"]
 
@@ -223,8 +224,6 @@ class AttractorNetwork(eqx.Module):
                              "couplings are tied to the N positions of one image).")
         out = self.step(x)
         if return_diagnostics:
-            from ._diagnostics import Diagnostics
-
             w = _phys.attention_weights(x, self.couplings, lam=self.lam_test)
             return out, Diagnostics(weights=w[None])
         return out
@@ -275,7 +274,9 @@ def attractor_sgd_step(net: AttractorNetwork, images: Float[ArrayLike, "B H W"],
     Pure and jittable (`eqx.filter_jit(attractor_sgd_step)`); images must be in [0, 1].
 
     **Returns:** `(net, metrics)` with metrics `loss` (per image, before the step),
-    `grad_norm` (before clipping) and `coupling_norm`.
+    `grad_norm` (before clipping), `coupling_norm` (the whole tensor's) and `skipped` (1.0 when
+    the loss or the updated couplings were not finite: the couplings are then left as they
+    were).
     """
     _check_images("attractor_sgd_step", images, net.embedding.image_shape, True)
     if objective not in ("energy", "pseudo_likelihood"):
