@@ -13,8 +13,9 @@ second one on 4×4 patches is trained for the patch-variance figure. The baselin
 (`nn.PatchReconstructor`: one pre-LN block iterated τ ~ U{3..7} times, and a 5-layer ViT, 4×4
 patches) are trained by backpropagation on each task separately (MSE to the clean image).
 
-Runs go to `--runs` (default `runs/attractor/<model>`): `model.eqx` (+ `opt.eqx`) and
-`state.json` written after every epoch (and on SIGINT/SIGTERM), so a killed run resumes at its
+Runs go to `--runs` (default `runs/attractor_<config>/<model>`): a checksummed checkpoint
+(`train.save_checkpoint`: model, optimiser state, and the run's state as metadata) written
+after every epoch (and on SIGINT/SIGTERM), so a killed run resumes at its
 last epoch; a finished run (`done: true`) is skipped. `report` writes `--results` (default
 `experiments/results/attractor`): `results.json` (every curve), `attractor.md` (tables) and the
 figures `mse_vs_t.png` (the paper's Fig. 1), `reconstructions.png`, `patch_variance.png`
@@ -30,9 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
-import signal
 import sys
 import time
 from typing import Any
@@ -166,41 +165,18 @@ def _batch(train, step, batch, seed):
     return train[perm[k * batch:(k + 1) * batch]]
 
 
-class _Stop:
-    def __init__(self):
-        self.signal = None
-
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-
-def _save(run_dir, model, opt_state, state):
-    tmp = run_dir / "model.eqx.tmp"
-    eqx.tree_serialise_leaves(tmp, model)
-    os.replace(tmp, run_dir / "model.eqx")
-    if opt_state is not None:
-        eqx.tree_serialise_leaves(run_dir / "opt.eqx.tmp", opt_state)
-        os.replace(run_dir / "opt.eqx.tmp", run_dir / "opt.eqx")
-    (run_dir / "state.json.tmp").write_text(json.dumps(state, indent=1))
-    os.replace(run_dir / "state.json.tmp", run_dir / "state.json")
+def _trained(runs, name) -> bool:
+    return bool(sf.train.list_checkpoints(pathlib.Path(runs) / name))
 
 
 def load_model(cfg, name, image_shape, runs):
-    """The trained model of run `name` (as far as it got) and its state dict."""
-    run_dir = pathlib.Path(runs) / name
+    """The trained model of run `name` (its newest checkpoint) and its state dict."""
     model = build(cfg, name, image_shape)
-    state = json.loads((run_dir / "state.json").read_text())
-    return eqx.tree_deserialise_leaves(run_dir / "model.eqx", model), state
+    got = sf.train.load_latest(pathlib.Path(runs) / name, (model, None))
+    if got is None:
+        raise FileNotFoundError(f"{name}: no checkpoint in {pathlib.Path(runs) / name}; "
+                                f"train it first (`run --only {name}`).")
+    return got[1], got[3]
 
 
 def train_model(cfg, name, images, runs, *, progress=True):
@@ -242,11 +218,9 @@ def train_model(cfg, name, images, runs, *, progress=True):
 
     state = {"name": name, "done": False, "epoch": 0, "step": 0, "wall_s": 0.0, "loss": [],
              "steps_per_epoch": per, "epochs": int(c["epochs"])}
-    if (run_dir / "state.json").exists():
-        state = json.loads((run_dir / "state.json").read_text())
-        model = eqx.tree_deserialise_leaves(run_dir / "model.eqx", model)
-        if opt_state is not None:
-            opt_state = eqx.tree_deserialise_leaves(run_dir / "opt.eqx", opt_state)
+    got = sf.train.load_latest(run_dir, (model, opt_state))
+    if got is not None:
+        _, model, opt_state, state = got
         state["epochs"] = int(c["epochs"])
         state["done"] = state["step"] >= total
     if state["done"]:
@@ -260,7 +234,7 @@ def train_model(cfg, name, images, runs, *, progress=True):
     t0 = time.time()
     wall0 = state["wall_s"]
     running = []
-    with _Stop() as stop:
+    with sf.train.StopSignals() as stop:
         while state["step"] < total:
             step = state["step"]
             clean = _batch(train, step, int(c["batch_size"]), seed)
@@ -278,7 +252,7 @@ def train_model(cfg, name, images, runs, *, progress=True):
             if bar is not None:
                 bar.update(1)
             end_epoch = state["step"] % per == 0 or state["step"] == total
-            if end_epoch or stop.signal is not None:
+            if end_epoch or stop.received is not None:
                 loss = float(np.mean(np.asarray(jax.device_get(running)))) if running else None
                 if not np.isfinite(loss if loss is not None else 0.0):
                     raise FloatingPointError(f"{name}: non-finite training loss at step "
@@ -289,15 +263,15 @@ def train_model(cfg, name, images, runs, *, progress=True):
                     running = []
                 state["wall_s"] = wall0 + time.time() - t0
                 state["done"] = state["step"] >= total
-                _save(run_dir, model, opt_state, state)
+                sf.train.save_checkpoint(run_dir, state["step"], model, opt_state, state)
                 if bar is not None and end_epoch:
                     bar.set_postfix(epoch=state["epoch"], loss=f"{loss:.4g}")
-                if stop.signal is not None:
+                if stop.received is not None:
                     if bar is not None:
                         bar.close()
-                    print(f"{name}: stopped by signal {stop.signal} at step {state['step']}; "
+                    print(f"{name}: stopped by signal {stop.received} at step {state['step']}; "
                           f"saved, run again to resume.", file=sys.stderr)
-                    raise SystemExit(128 + stop.signal)
+                    raise SystemExit(128 + stop.received)
     if bar is not None:
         bar.close()
     return state
@@ -425,7 +399,7 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
         jobs.append(("vit", f"vit_{task}", task, None))
     jobs.append(("attractor_p4", "attractor_p4", "mask", None))
     for label, name, task, norm in jobs:
-        if not (pathlib.Path(runs) / name / "state.json").exists():
+        if not _trained(runs, name):
             print(f"report: {name} has not been trained; skipped", file=sys.stderr)
             continue
         model, state = load_model(cfg, name, shape, runs)
@@ -451,7 +425,7 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
     for task in TASKS:  # a trivial reference: the best blend of the input and the mean image
         res["blend"] = res.get("blend", {})
         res["blend"][task] = blend_baseline(cfg, images, task, bs)
-    if (pathlib.Path(runs) / "attractor" / "state.json").exists():
+    if _trained(runs, "attractor"):
         net, _ = load_model(cfg, "attractor", shape, runs)
         res["global"], res["mean_image"] = global_attractor(
             cfg, net, images, int(e["global_steps"]), int(e["global_starts"]),

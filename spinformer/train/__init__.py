@@ -21,7 +21,7 @@ from ._experiment import (
     run,
 )
 from ._figures import plot_run, plot_runs
-from ._loop import TrainingInterrupted, fit, read_metrics
+from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._step import (
@@ -40,6 +40,7 @@ from ._step import (
 __all__ = [
     "CorruptCheckpoint",
     "RunDirError",
+    "StopSignals",
     "check_run_dir",
     "TrainingInterrupted",
     "initialize_distributed",

@@ -34,10 +34,11 @@ class TrainingInterrupted(Exception):
                          "continue with --resume.")
 
 
-class _Signals:
+class StopSignals:
     """While active, SIGTERM and SIGINT only set `received` (the loop checkpoints and stops
     after the step in flight); a second signal interrupts at once. Inactive outside the main
-    thread, where Python cannot install handlers."""
+    thread, where Python cannot install handlers. Used by `fit` and by experiments with their
+    own loops (`with StopSignals() as stop: ... if stop.received: save and stop`)."""
 
     def __init__(self):
         self.received: Optional[int] = None
@@ -277,7 +278,7 @@ def fit(
                           mesh=mesh)  # compiled once
     show = _Progress(out.name, steps, start, enabled=progress and writer)
     bad_run = 0
-    with _Signals() as signals:
+    with StopSignals() as signals:
         try:
             while step < steps and not es["stopped_early"]:
                 batch = place_batch(_train_batch(dataset, step, accumulate))
