@@ -44,12 +44,11 @@ def test_update_is_minus_own_gradient_plus_gamma_x():
     x, J = _system(N=6, d=3, seed=1)
     lam, gamma = 1.7, 0.8
     N = x.shape[0]
-    grads = []
-    for i in range(N):
-        def e_i(xi, i=i):
-            return A.local_energies(x.at[i].set(xi), J, lam=lam)[i]
-        grads.append(jax.grad(e_i)(x[i]))
-    expect = -jnp.stack(grads) + gamma * x
+
+    def own_grad(i):  # ∂e_i/∂x_i with every other token held fixed
+        return jax.grad(lambda xi: A.local_energies(x.at[i].set(xi), J, lam=lam)[i])(x[i])
+
+    expect = -jax.jit(jax.vmap(own_grad))(jnp.arange(N)) + gamma * x
     np.testing.assert_allclose(A.field(x, J, lam=lam) + gamma * x, expect, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(A.step(x, J, lam=lam, gamma=gamma),
                                expect / jnp.linalg.norm(expect, axis=-1, keepdims=True),
@@ -90,7 +89,7 @@ def test_shape_errors(bad):
 def test_log_sphere_partition_against_scipy_and_closed_forms(x64):
     scipy_special = pytest.importorskip("scipy.special")
     if True:  # float64 (the x64 fixture)
-        for d in (2, 3, 5, 8, 16, 33, 64):
+        for d in (2, 3, 8, 33, 64):
             nu = d / 2 - 1
             k = np.array([1e-3, 0.5, 3.0, 10.0, 14.9, 15.1, 20.0, 50.0, 200.0, 1000.0])
             ref = (0.5 * d * np.log(2 * np.pi) - nu * np.log(k)
@@ -105,7 +104,7 @@ def test_log_sphere_partition_against_scipy_and_closed_forms(x64):
         np.testing.assert_allclose(np.asarray(A.log_sphere_partition(jnp.asarray(k), 3)),
                                    np.log(4 * np.pi * np.sinh(k) / k), rtol=1e-7)
         # d/dκ log Z_d(κ) = I_{ν+1}(κ)/I_ν(κ) (the series' derivative is a custom JVP)
-        for d in (3, 8, 40):
+        for d in (3, 40):
             nu = d / 2 - 1
             k = np.array([0.1, 2.0, 9.0, 14.5, 16.0, 80.0])
             g = np.asarray(jax.vmap(jax.grad(lambda t: A.log_sphere_partition(t, d)))(
