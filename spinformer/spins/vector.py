@@ -48,6 +48,9 @@ __all__ = [
     "tap_ness",
     "mean_field_ness",
     "ness_update",
+    "covariance",
+    "delayed_correlations",
+    "entropy_production",
 ]
 
 # ----------------------------------------------------------------------------- single site
@@ -351,3 +354,123 @@ def mean_field_ness(
     `tap_ness`.
     """
     return _ness("mean_field_ness", _mf_ness_map, x, J, beta, R, solver, adjoint, throw, m0)
+
+
+# ----------------------------------------------------------------------------- non-equilibrium
+
+
+def _cov_coeffs(m, R):
+    """`(a, b)` of the large-D covariance a·1 − b·m mᵀ of spins with magnetizations m: a =
+    1/(1+γ), b = 1/(R²γ), with γ recovered from m (γ = (R² + ‖m‖²)/(R² − ‖m‖²))."""
+    g = _gamma_m(m, R)[..., 0]
+    return 1.0 / (1.0 + g), 1.0 / (R**2 * g)
+
+
+def covariance(
+    m: Float[ArrayLike, "... D"], *, beta: Scalar = 1.0, R: Scalar = 1.0, large_d: bool = True
+) -> Float[Array, "... D D"]:
+    """Covariance of vector spins given their magnetizations (instead of their fields).
+
+    - `large_d=True`: 1/(1+γ) − m mᵀ/(R²γ) with γ = (R² + ‖m‖²)/(R² − ‖m‖²), the
+      large-D covariance (`variance`) written in terms of m; independent of β.
+    - `large_d=False`: the exact covariance for D = m.shape[-1] of the field that produces m,
+      `variance(inverse_magnetization(m, large_d=False), large_d=False)`.
+
+    **Arguments:** `m` `(..., D)` with ‖m‖ < R; `beta`, `R` as `magnetization`.
+
+    **Returns:** `(..., D, D)`.
+    """
+    _check_dim("covariance", m, "m")
+    m, beta, R = as_float(m, beta, R)
+    if large_d:
+        a, b = _cov_coeffs(m, R)
+        eye = jnp.eye(m.shape[-1], dtype=m.dtype)
+        return a[..., None, None] * eye - b[..., None, None] * m[..., :, None] * m[..., None, :]
+    theta = inverse_magnetization(m, beta=beta, R=R, large_d=False)
+    flat = theta.reshape(-1, theta.shape[-1])
+    cov = jax.vmap(lambda t: variance(t, beta=beta, R=R, large_d=False))(flat)
+    return cov.reshape(*m.shape, m.shape[-1])
+
+
+def delayed_correlations(
+    m: Spins, m_prev: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
+    large_d: bool = True,
+) -> Float[Array, "n n"]:
+    r"""First-order Plefka[t−1,t] time-delayed correlations of vector spins,
+
+    D_ij,t = ⟨(s_i,t − m_i,t)·(s_j,t−1 − m_j,t−1)⟩ ≈ β J_ij tr(V_i,t V_j,t−1),
+
+    with V the covariance of a spin (`covariance`): to first order in J the fluctuation of
+    s_j,t−1 moves the field of spin i by J_ij δs_j, and spin i responds with ∂m_i/∂θ_i = β V_i.
+    In the large-D form V = a·1 − b·m mᵀ (a = 1/(1+γ), b = 1/(R²γ)), so
+
+    tr(V_i V_j) = D a_i a_j − a_i b_j ‖m_j‖² − b_i a_j ‖m_i‖² + b_i b_j (m_i·m_j)².
+
+    M. Bal, "Entropy Production in Non-Equilibrium Neural Networks", prints the same three
+    last terms but writes the first as β J_ij (R² − ‖m_j‖²)/(1+γ_i): the exact trace of a
+    spin's covariance on the sphere, R² − ‖m_j‖², where the large-D covariance has
+    D a_j − b_j ‖m_j‖². Both agree to leading order in D (R² = D/2 − 1, a_j → 1/2 at m = 0),
+    but mixing them double-counts the −‖m_j‖² term at finite D; here one covariance is used
+    throughout.
+
+    **Arguments:**
+
+    - `m`: magnetizations at t, `(n, D)`; `m_prev`: at t−1, `(n, D)` (the same array in a
+      steady state).
+    - `J`: couplings `(n, n)`; `beta`: inverse temperature; `R`: spin radius.
+    - `large_d`: large-D covariances (the attention's convention R² = D/2 − 1), or the exact
+      ones for D = m.shape[-1] (for checks against sampling at small D).
+
+    **Returns:** D_ij,t, `(n, n)`.
+    """
+    _check_system("delayed_correlations", m_prev, m, J)
+    m, m_prev, J, beta, R = as_float(m, m_prev, J, beta, R)
+    if large_d:
+        D = m.shape[-1]
+        a, b = _cov_coeffs(m, R)
+        ap, bp = _cov_coeffs(m_prev, R)
+        sq, sqp = jnp.sum(m * m, -1), jnp.sum(m_prev * m_prev, -1)
+        overlap = m @ m_prev.T
+        tr = (D * jnp.outer(a, ap) - jnp.outer(a, bp * sqp) - jnp.outer(b * sq, ap)
+              + jnp.outer(b, bp) * overlap**2)
+    else:
+        V = covariance(m, beta=beta, R=R, large_d=False)
+        Vp = covariance(m_prev, beta=beta, R=R, large_d=False)
+        tr = jnp.einsum("iab,jba->ij", V, Vp)
+    return beta * J * tr
+
+
+def entropy_production(
+    J: Matrix, D: Matrix, *, beta: Scalar = 1.0
+) -> Float[Array, ""]:
+    r"""Entropy production per time step, σ_t = β Σ_ij (J_ij − J_ji) D_ij,t.
+
+    For the kinetics P(s_t | s_{t−1}) ∝ Π_i exp(β s_i,t·(x_i + Σ_j J_ij s_j,t−1)), σ_t is
+    the mean log-ratio of the forward and time-reversed transition probabilities. In a
+    steady state the field and normaliser terms cancel and
+    σ = β Σ_ij (J_ij − J_ji) ⟨s_i,t·s_j,t−1⟩, where the disconnected part Σ (J_ij −
+    J_ji) m_i·m_j vanishes (m_t = m_{t−1}), leaving the delayed correlations D. The inverse
+    temperature multiplies the sum: M. Bal, "Entropy Production in Non-Equilibrium Neural
+    Networks", drops it (harmless at β = 1, off by β otherwise; D itself carries another β,
+    so σ ∝ β² to first order).
+
+    Sign: the exact stationary σ is a Kullback–Leibler divergence, ≥ 0. With the first-order
+    D_ij = β J_ij c_ij (`delayed_correlations`, c_ij = tr(V_i,t V_j,t−1) ≥ 0),
+    σ = β² Σ (J_ij − J_ji) J_ij c_ij = (β²/2) Σ (J_ij − J_ji)² c_ij ≥ 0 whenever c is
+    symmetric — in a steady state, where V_t = V_{t−1} — and 0 for symmetric J. Off the
+    steady state (m_t ≠ m_{t−1}) c is not symmetric and σ_t can be negative. For causal
+    couplings (J_ji = 0 for j < i) σ = β² Σ_{j<i} J_ij² c_ij ≥ 0 always (the diagonal
+    cancels).
+
+    **Arguments:** `J` couplings `(n, n)`, `D` delayed correlations `(n, n)`
+    (`delayed_correlations`, or measured), `beta` the inverse temperature.
+
+    **Returns:** a scalar.
+    """
+    if jnp.ndim(J) != 2:
+        raise ValueError(f"entropy_production: J must have shape (n, n), got {jnp.shape(J)}.")
+    n = jnp.shape(J)[0]
+    check_square("entropy_production", J, n)
+    check_square("entropy_production", D, n, what="D")
+    J, D, beta = as_float(J, D, beta)
+    return beta * jnp.sum((J - J.T) * D)
