@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from ._diagnostics import Diagnostics
 
 
 class FeedForward(eqx.Module):
@@ -70,7 +73,8 @@ class Block(eqx.Module):
         """**Arguments:** `x (n, d)`; `context`, `mask`, `state` (carried from the previous
         call's `diagnostics.state`) are passed to the attention; `key` enables dropout.
 
-        **Returns:** `(n, d)`, or `((n, d), diagnostics of the attention)`."""
+        **Returns:** `(n, d)`, or `((n, d), diagnostics of the attention)` with the block's
+        output in `diagnostics.hidden`."""
         inference = key is None
         ka = kd1 = kd2 = None
         if key is not None:
@@ -91,5 +95,7 @@ class Block(eqx.Module):
             y = jax.vmap(self.ffn)(jax.vmap(self.norm2)(x))
             x = x + self.dropout(y, key=kd2, inference=inference)
         if return_diagnostics:
+            if isinstance(diag, Diagnostics):
+                diag = dataclasses.replace(diag, hidden=x)
             return x, diag
         return x

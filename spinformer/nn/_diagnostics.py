@@ -57,6 +57,11 @@ class Diagnostics(eqx.Module):
       implicit layer), or None.
     - `spectral_radius`: the spectral radius of the fixed-point map's Jacobian at the
       solution (whether the fixed point attracts), or None when not computed.
+    - `delayed_correlations`: first-order time-delayed correlations D_ij,t of the spins
+      `(H, n, n)` (`spins.vector.delayed_correlations`), or None.
+    - `entropy_production`: σ_t per head `(H,)` (`spins.vector.entropy_production`), or None.
+    - `hidden`: `(n, d)`, the block's output (filled by `Block`; stacked over layers by a
+      `Transformer`, for per-layer readouts), or None.
     """
 
     weights: Optional[Float[Array, "h n s"]] = None
@@ -67,3 +72,6 @@ class Diagnostics(eqx.Module):
     solver: Optional[Stats] = None
     penalty: Optional[Float[Array, ""]] = None
     spectral_radius: Optional[Float[Array, ""]] = None
+    delayed_correlations: Optional[Float[Array, "h n n"]] = None
+    entropy_production: Optional[Float[Array, " h"]] = None
+    hidden: Optional[Float[Array, "n d"]] = None

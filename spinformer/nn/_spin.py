@@ -258,8 +258,10 @@ class SpinAttention(eqx.Module):
         - `key`: unused (no randomness).
         - `return_diagnostics`: also return `Diagnostics` with `couplings` J `(H, n, s)`,
           `magnetizations (H, n, D_h)`, `fields (H, n, D_h)`, `state (n, d)` (the
-          magnetizations, to pass as the next call's `state=`) and `solver`, the `Stats` per
-          head (`num_steps`, `residual`, `result`).
+          magnetizations, to pass as the next call's `state=`), `solver`, the `Stats` per
+          head (`num_steps`, `residual`, `result`), and for self-attention
+          `delayed_correlations (H, n, n)` and `entropy_production (H,)` (see
+          `nonequilibrium`; between the last two time steps in `mode="steps"`).
 
         **Returns:** `(n, d)` magnetizations (through `out_proj` if present), or
         `(output, diagnostics)`.
@@ -279,18 +281,41 @@ class SpinAttention(eqx.Module):
             )
         elif self.mode == "fixed_point":
             m, stats = jax.vmap(self._steady_state)(xh, J)
+            m_prev = m
         else:
             m0 = self._initial_state(xh, state)
-            m, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
+            m, m_prev, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
                 xh, J, m0
             )
 
         out = merge_heads(m)
         y = jax.vmap(self.out_proj)(out) if self.out_proj is not None else out
         if return_diagnostics:
+            corr = sigma = None
+            if context is None:
+                corr, sigma = self.nonequilibrium(m, m_prev, J)
             return y, Diagnostics(couplings=J, magnetizations=m, fields=xh, state=out,
-                                  solver=stats)
+                                  solver=stats, delayed_correlations=corr,
+                                  entropy_production=sigma)
         return y
+
+    def nonequilibrium(
+        self, m: Float[Array, "h n dh"], m_prev: Float[Array, "h n dh"],
+        J: Float[Array, "h n n"],
+    ) -> tuple[Float[Array, "h n n"], Float[Array, " h"]]:
+        """First-order delayed correlations D_ij,t `(H, n, n)` and entropy production σ_t
+        `(H,)` of each head's spins, from the magnetizations at t and t−1 (equal in a
+        steady state) and the couplings (`spins.vector.delayed_correlations`,
+        `spins.vector.entropy_production`, large-D covariances). σ_t ≥ 0 in a steady state
+        and for causal couplings; it may be negative after a time step off the steady
+        state (`mode="steps"`)."""
+        beta, R = self.beta, self.radius
+
+        def one(mm, mp, jj):
+            D = vector.delayed_correlations(mm, mp, jj, beta=beta, R=R)
+            return D, vector.entropy_production(jj, D, beta=beta)
+
+        return jax.vmap(one)(m, m_prev, J)
 
     # -- the spin dynamics, one head -------------------------------------------------------
 
@@ -341,7 +366,8 @@ class SpinAttention(eqx.Module):
         return vector.magnetization(xh, beta=self.beta, R=self.radius)
 
     def _time_steps(self, m0, x, J):
-        """K time steps from m0; stats: total inner solver steps, last change, worst result."""
+        """K time steps from m0: the last magnetizations, those one step before, and stats
+        (total inner solver steps, last change, worst result)."""
 
         def body(carry, _):
             m, steps, result = carry
@@ -351,4 +377,4 @@ class SpinAttention(eqx.Module):
         zero = jnp.asarray(0, jnp.int32)
         (m, steps, result), deltas = jax.lax.scan(body, (m0, zero, zero), None,
                                                   length=self.num_steps)
-        return m, Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)
+        return m, m - deltas[-1], Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)

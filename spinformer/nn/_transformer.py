@@ -40,6 +40,10 @@ class Transformer(eqx.Module):
     - `dropout`: dropout rate (active only when a `key` is passed to `__call__`).
     - `num_segments`: size of a learned segment embedding added to the token embeddings
       (e.g. 3 for padding / premise / hypothesis of a sentence pair); 0 for none.
+    - `detach_layers`: stop gradients between blocks: each block after the first sees its
+      input as a constant, so a loss on the final output trains only the last block (and
+      the readout); used with per-layer local losses (`train.local_losses`), where each block
+      learns from its own readout. The forward values are unchanged.
     - `key`: PRNG key.
     """
 
@@ -50,6 +54,7 @@ class Transformer(eqx.Module):
     norm: eqx.nn.LayerNorm
     depth: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
+    detach_layers: bool = eqx.field(static=True, default=False)
 
     def __init__(
         self,
@@ -64,6 +69,7 @@ class Transformer(eqx.Module):
         ffn_hidden: int = 0,
         dropout: float = 0.0,
         num_segments: int = 0,
+        detach_layers: bool = False,
         *,
         key: PRNGKeyArray,
     ):
@@ -88,6 +94,7 @@ class Transformer(eqx.Module):
         self.norm = eqx.nn.LayerNorm(dim)
         self.depth = depth
         self.causal = causal
+        self.detach_layers = detach_layers
 
     def __call__(
         self,
@@ -131,6 +138,29 @@ class Transformer(eqx.Module):
                 f"Transformer: state must have shape (depth, n, d) = ({self.depth}, {n}, {dim}); "
                 f"got {state.shape}. Pass the previous call's diagnostics.state."
             )
+        x = self.embeddings(tokens, segments)
+        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+        keys = None if key is None else jax.random.split(key, self.depth)
+
+        def layer(h, xs):
+            params, s, k, i = xs
+            block = eqx.combine(params, static)
+            if self.detach_layers:  # the embeddings still learn from the first block
+                h = jnp.where(i == 0, h, jax.lax.stop_gradient(h))
+            out = block(h, context=context, mask=mask, state=s, key=k,
+                        return_diagnostics=return_diagnostics)
+            return out if return_diagnostics else (out, None)
+
+        x, diags = jax.lax.scan(layer, x, (dynamic, state, keys, jnp.arange(self.depth)))
+        x = jax.vmap(self.norm)(x)
+        if return_diagnostics:
+            return x, diags
+        return x
+
+    def embeddings(self, tokens: Int[Array, " n"],
+                   segments: Optional[Int[Array, " n"]] = None) -> Float[Array, "n d"]:
+        """The input of the first block: token + position (+ segment) embeddings `(n, d)`."""
+        n = tokens.shape[0]
         x = jax.vmap(self.embed)(tokens) + self.pos_embed[:n]
         if (segments is None) != (self.segment_embed is None):
             raise ValueError(
@@ -143,21 +173,14 @@ class Transformer(eqx.Module):
                 raise ValueError(f"Transformer: segments must have the shape of tokens "
                                  f"{tokens.shape}; got {segments.shape}.")
             x = x + jax.vmap(self.segment_embed)(segments)
-        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
-        keys = None if key is None else jax.random.split(key, self.depth)
-
-        def layer(h, xs):
-            params, s, k = xs
-            block = eqx.combine(params, static)
-            out = block(h, context=context, mask=mask, state=s, key=k,
-                        return_diagnostics=return_diagnostics)
-            return out if return_diagnostics else (out, None)
-
-        x, diags = jax.lax.scan(layer, x, (dynamic, state, keys))
-        x = jax.vmap(self.norm)(x)
-        if return_diagnostics:
-            return x, diags
         return x
+
+    def block(self, i: int) -> Block:
+        """Block `i` (0-based) as a module of its own (its parameters sliced from the stack)."""
+        if not 0 <= i < self.depth:
+            raise ValueError(f"Transformer: block {i} does not exist; depth is {self.depth}.")
+        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+        return eqx.combine(jax.tree.map(lambda a: a[i], dynamic), static)
 
 
 def _unroll_call(model: Transformer, tokens, **kwargs):
@@ -217,22 +240,34 @@ class SequenceModel(eqx.Module):
             logits = jax.vmap(self.readout)(h)
         return (logits, diag) if return_diagnostics else logits
 
+    def layer_logits(self, hidden: Float[Array, "depth n d"]) -> Float[Array, "depth n c"]:
+        """Readouts of every block's output (`diagnostics.hidden` of a call with
+        `return_diagnostics=True`): the final LayerNorm and the readout applied to each
+        layer, `(depth, n, num_outputs)` (`pool="none"`) or `(depth, num_outputs)`
+        (`pool="mean"`). The last layer's equals the logits of `__call__`."""
+        norm = jax.vmap(jax.vmap(self.transformer.norm))(hidden)
+        if self.pool == "mean":
+            return jax.vmap(self.readout)(jnp.mean(norm, axis=1))
+        return jax.vmap(jax.vmap(self.readout))(norm)
+
 
 def _with_readout(num_outputs, pool, key, vocab_size, dim, depth, num_heads, max_len,
-                  attention, attention_kwargs, causal, ffn_hidden, dropout) -> SequenceModel:
+                  attention, attention_kwargs, causal, ffn_hidden, dropout,
+                  detach_layers=False) -> SequenceModel:
     """A `Transformer` and its readout, built from one key."""
     kt, kh = jax.random.split(key)
     transformer = Transformer(
         vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
         attention_kwargs=attention_kwargs, causal=causal, ffn_hidden=ffn_hidden,
-        dropout=dropout, key=kt,
+        dropout=dropout, detach_layers=detach_layers, key=kt,
     )
     return SequenceModel(transformer, num_outputs, pool, key=kh)
 
 
 def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len: int = 512,
              attention="softmax", attention_kwargs=None, ffn_hidden: int = 0,
-             dropout: float = 0.0, *, key: PRNGKeyArray) -> SequenceModel:
+             dropout: float = 0.0, detach_layers: bool = False, *,
+             key: PRNGKeyArray) -> SequenceModel:
     """A causal language model: `tokens (n,) -> next-token logits (n, vocab_size)`.
 
     **Arguments:** as `Transformer` (always causal; no `causal` argument).
@@ -240,13 +275,13 @@ def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len:
     **Returns:** a `SequenceModel`.
     """
     return _with_readout(vocab_size, "none", key, vocab_size, dim, depth, num_heads, max_len,
-                         attention, attention_kwargs, True, ffn_hidden, dropout)
+                         attention, attention_kwargs, True, ffn_hidden, dropout, detach_layers)
 
 
 def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
            max_len: int = 512, attention="softmax", attention_kwargs=None,
-           causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0, *,
-           key: PRNGKeyArray) -> SequenceModel:
+           causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0,
+           detach_layers: bool = False, *, key: PRNGKeyArray) -> SequenceModel:
     """A per-position tagger: `tokens (n,) -> logits (n, num_classes)` (e.g. bracket
     matching, where the class of a closing bracket is the position of its opening bracket).
 
@@ -255,13 +290,13 @@ def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: i
     **Returns:** a `SequenceModel`.
     """
     return _with_readout(num_classes, "none", key, vocab_size, dim, depth, num_heads, max_len,
-                         attention, attention_kwargs, causal, ffn_hidden, dropout)
+                         attention, attention_kwargs, causal, ffn_hidden, dropout, detach_layers)
 
 
 def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: int = 1,
                max_len: int = 512, attention="softmax", attention_kwargs=None,
-               causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0, *,
-               key: PRNGKeyArray) -> SequenceModel:
+               causal: bool = False, ffn_hidden: int = 0, dropout: float = 0.0,
+               detach_layers: bool = False, *, key: PRNGKeyArray) -> SequenceModel:
     """A sequence classifier: `tokens (n,) -> logits (num_classes,)` from the mean-pooled
     final hidden states.
 
@@ -270,4 +305,4 @@ def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_head
     **Returns:** a `SequenceModel`.
     """
     return _with_readout(num_classes, "mean", key, vocab_size, dim, depth, num_heads, max_len,
-                         attention, attention_kwargs, causal, ffn_hidden, dropout)
+                         attention, attention_kwargs, causal, ffn_hidden, dropout, detach_layers)
