@@ -41,7 +41,8 @@ from .. import solvers
 from .._schema import ConfigError, option
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
-from ._heads import check_heads, linear_maps, masked_softmax, mix_values, project_heads, qk_scores
+from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
+                     project_heads, qk_scores)
 from ._registry import register_attention
 
 MODES = ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K")
@@ -307,6 +308,37 @@ class BoltzmannAttention(eqx.Module):
         if return_diagnostics:
             return out, Diagnostics(weights=weights, magnetizations=m, fields=h, solver=stats)
         return out
+
+    # -- incremental decoding (see nn.decode_step) -----------------------------------------
+
+    def decode_init(self, max_len: int, dtype=jnp.float32) -> dict:
+        """An empty cache for `max_len` positions (at most the module's `max_len`): keys and
+        values `(H, max_len, D_h)`."""
+        if max_len > self.max_len:
+            raise ValueError(f"BoltzmannAttention: a cache of {max_len} positions exceeds "
+                             f"max_len={self.max_len}.")
+        shape = (self.num_heads, max_len, self.head_dim)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+    def decode(self, x: Float[Array, " d"], cache: dict, pos
+               ) -> tuple[Float[Array, " d"], dict]:
+        """The output at position `pos` given the cached keys and values of positions
+        `< pos`: `(y (d,), cache)`. Query `pos`'s Ising model is built over the cache's
+        positions with the later ones hidden (free spins that do not interact), so exact
+        inference equals row `pos` of `__call__` (it enumerates 2^max_len configurations per
+        query instead of the prefix blocks of the whole-sequence call), mean-field / TAP
+        agree to the solver tolerance, and the samplers draw from other keys (the same
+        distribution, other samples)."""
+        scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
+        v = cache["v"].at[:, pos].set(self.to_v(x).reshape(self.num_heads, -1))
+        if self.mode == "softmax":
+            weights = masked_softmax(scores[:, None], visible[None])[:, 0]
+        else:
+            h = scores if _uses(self.mode)[0] else jnp.zeros_like(scores)
+            m, _ = self.magnetizations(h[:, None], visible[None])
+            weights = normalized_weights(m[:, 0], visible.astype(h.dtype))
+        out = self.to_out(jnp.einsum("hs,hsk->hk", weights, v).reshape(-1))
+        return out, {**cache, "v": v}
 
     def magnetizations(
         self,

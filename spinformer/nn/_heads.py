@@ -106,3 +106,23 @@ def mix_values(weights: Float[Array, "h n s"], v_HxSxK: Float[Array, "h s dh"]
                ) -> Float[Array, "n d"]:
     """Each head's weighted sum of values, heads concatenated: `(n, H·D_h)`."""
     return merge_heads(jnp.einsum("hns,hsk->hnk", weights, v_HxSxK))
+
+
+def decode_scores(module, x: Float[Array, " d"], cache: dict, pos, causal: bool
+                  ) -> tuple[Float[Array, "h s"], Bool[Array, " s"], dict]:
+    """Incremental decoding: the scores `(H, max_len)` of the query `x` at position `pos`
+    against the cached keys with the new key written at `pos`, the visible positions
+    `(max_len,)` (those `<= pos`), and the cache with `k` updated. `module` has `to_q`,
+    `to_k`, `num_heads`; only causal self-attention decodes incrementally."""
+    name = type(module).__name__
+    if not causal:
+        raise ValueError(f"{name}: incremental decoding needs causal attention (each position "
+                         "sees only earlier ones); build the model with causal=True.")
+    if x.ndim != 1:
+        raise ValueError(f"{name}.decode: x must be one token (d,); got {x.shape}.")
+    H = module.num_heads
+    q = module.to_q(x).reshape(H, -1)
+    k = cache["k"].at[:, pos].set(module.to_k(x).reshape(H, -1))
+    scores = jnp.einsum("hk,hsk->hs", q, k) / math.sqrt(q.shape[-1])
+    visible = jnp.arange(k.shape[1]) <= pos
+    return scores, visible, {**cache, "k": k}

@@ -7,10 +7,12 @@ from typing import Optional
 
 import equinox as eqx
 import jax
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ._diagnostics import Diagnostics
-from ._heads import check_heads, linear_maps, masked_softmax, mix_values, project_heads, qk_scores
+from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
+                     project_heads, qk_scores)
 from ._registry import register_attention
 
 
@@ -66,3 +68,21 @@ class SoftmaxAttention(eqx.Module):
         if return_diagnostics:
             return out, Diagnostics(weights=weights)
         return out
+
+    # -- incremental decoding (see nn.decode_step) -----------------------------------------
+
+    def decode_init(self, max_len: int, dtype=jnp.float32) -> dict:
+        """An empty cache for `max_len` positions: keys and values `(H, max_len, D_h)`."""
+        shape = (self.num_heads, max_len, self.dim // self.num_heads)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+    def decode(self, x: Float[Array, " d"], cache: dict, pos: Int[Array, ""]
+               ) -> tuple[Float[Array, " d"], dict]:
+        """The output at position `pos` of a causal self-attention given the cached keys and
+        values of positions `< pos`: `(y (d,), cache with position pos written)`. Equal to
+        row `pos` of `__call__` on the whole prefix."""
+        scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
+        weights = masked_softmax(scores[:, None], visible[None])[:, 0]
+        v = cache["v"].at[:, pos].set(self.to_v(x).reshape(self.num_heads, -1))
+        out = self.to_out(jnp.einsum("hs,hsk->hk", weights, v).reshape(-1))
+        return out, {**cache, "v": v}

@@ -26,14 +26,16 @@ from typing import Optional
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
 from .._schema import ConfigError, option
 from ..spins import vector
+from ..spins._common import solve as _solve
 from ._block import FeedForward
 from ._diagnostics import Diagnostics, Stats
-from ._heads import check_heads, masked_softmax, merge_heads, qk_scores, split_heads
+from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk_scores,
+                     split_heads)
 from ._registry import register_attention
 
 _UPDATES = ("mean_field", "tap")
@@ -378,3 +380,87 @@ class SpinAttention(eqx.Module):
         (m, steps, result), deltas = jax.lax.scan(body, (m0, zero, zero), None,
                                                   length=self.num_steps)
         return m, m - deltas[-1], Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)
+
+    # -- incremental decoding (see nn.decode_step) -----------------------------------------
+    #
+    # With causal couplings spin i feels only spins j <= i, so the steady state (or each time
+    # step) of the first i spins does not depend on the later ones: position i's
+    # magnetizations solve a D_h-dimensional fixed point given the cached magnetizations of
+    # positions < i. This is exact when every solve is exact; the whole-sequence solve
+    # (`__call__`) stops when the residual of all positions together is below `tol`, so the
+    # two agree to the solver tolerance, not bit for bit (see `decode`).
+
+    def decode_init(self, max_len: int, dtype=jnp.float32) -> dict:
+        """An empty cache for `max_len` positions: keys `k (H, max_len, D_h)`, the cached
+        magnetizations `m` (`(H, max_len, D_h)` steady states for `mode="fixed_point"`;
+        `(K, H, max_len, D_h)`, time steps 0..K−1, for `mode="steps"`) and `failures`, the
+        number of solves so far that did not converge."""
+        H, dh = self.num_heads, self.head_dim
+        levels = () if self.mode == "fixed_point" else (self.num_steps,)
+        return {"k": jnp.zeros((H, max_len, dh), dtype),
+                "m": jnp.zeros((*levels, H, max_len, dh), dtype),
+                "failures": jnp.zeros((), jnp.int32)}
+
+    def decode(self, x: Float[Array, " d"], cache: dict, pos: Int[Array, ""]
+               ) -> tuple[Float[Array, " d"], dict]:
+        """The output at position `pos` given the cache of positions `< pos`: `(y (d,),
+        cache)`. Row `pos` of `__call__` on the whole prefix up to the solver tolerance:
+        position `pos`'s fixed point is solved on its own, to `tol` in its own residual, from
+        the cached magnetizations of the earlier positions (which were solved the same way).
+        With `init="carried"` decoding starts from φ(x) like a call without `state=`."""
+        scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
+        J = masked_softmax(scores[:, None], visible[None])[:, 0]  # (H, L), zero after pos
+        xh = self.fields(x[None])[:, 0]  # (H, D_h)
+        beta, R = self.beta, self.radius
+        if self.mode == "fixed_point":
+            m, failed = jax.vmap(lambda xx, jj, M: self._decode_ness(xx, jj, M, pos))(
+                xh, J, cache["m"])
+            new_m = cache["m"].at[:, pos].set(m)
+        else:
+            if self.init == "learned":
+                m = self.m_init.astype(xh.dtype)
+            else:
+                m = vector.magnetization(xh, beta=beta, R=R)
+            levels, failed = [], jnp.zeros((), jnp.int32)
+            for k in range(self.num_steps):
+                M_prev = cache["m"][k].at[:, pos].set(m)  # time step k of positions <= pos
+                levels.append(M_prev)
+                m, f = jax.vmap(self._decode_step)(xh, J, M_prev)
+                failed = failed + jnp.sum(f)
+            new_m = jnp.stack(levels)
+        out = m.reshape(-1)
+        y = self.out_proj(out) if self.out_proj is not None else out
+        return y, {**cache, "m": new_m, "failures": cache["failures"] + jnp.sum(failed)}
+
+    def _decode_ness(self, x, J, M, pos):
+        """Steady state of one head's position `pos`: m = F(m) with the other rows of the
+        steady-state map fixed at the cached `M (L, D_h)`; returns `(m (D_h,), failed)`."""
+        beta, R = self.beta, self.radius
+
+        def row_map(m, args):
+            x_, J_, M_ = args
+            M_ = M_.at[pos].set(m)
+            if self.update == "mean_field":
+                return vector.magnetization(x_ + J_ @ M_, beta=beta, R=R)
+            theta = vector._tap_field(m[None], M_, x_[None], J_[None], beta, R)[0]
+            return vector.magnetization(theta, beta=beta, R=R)
+
+        m0 = vector.magnetization(x, beta=beta, R=R)
+        sol = _solve(row_map, m0, (x, J, M), **self._solve_kwargs())
+        return sol.value, (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
+
+    def _decode_step(self, x, J, M_prev):
+        """One time step of one head's newest position given all positions' previous
+        magnetizations `M_prev (L, D_h)`; returns `(m (D_h,), failed)`."""
+        beta, R = self.beta, self.radius
+        m0 = vector.magnetization(x + J @ M_prev, beta=beta, R=R)
+        if self.update == "mean_field":
+            return m0, jnp.zeros((), jnp.int32)
+
+        def row_map(m, args):
+            x_, J_, M_ = args
+            theta = vector._tap_field(m[None], M_, x_[None], J_[None], beta, R)[0]
+            return vector.magnetization(theta, beta=beta, R=R)
+
+        sol = _solve(row_map, m0, (x, J, M_prev), **self._solve_kwargs())
+        return sol.value, (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
