@@ -24,6 +24,11 @@ from ._block import Block as Block
 from ._block import FeedForward as FeedForward
 from ._boltzmann import BoltzmannAttention as BoltzmannAttention
 from ._boltzmann import BoltzmannConfig as BoltzmannConfig
+from ._decode import DecodeState as DecodeState
+from ._decode import decode_init as decode_init
+from ._decode import decode_sequence as decode_sequence
+from ._decode import decode_step as decode_step
+from ._decode import generate as generate
 from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import Stats as Stats
 from ._free_energy import FreeEnergyAttention as FreeEnergyAttention
@@ -68,6 +73,7 @@ __all__ = [
     "BoltzmannConfig",
     "CausalLM",
     "Classifier",
+    "DecodeState",
     "Diagnostics",
     "FeedForward",
     "FreeEnergyAttention",
@@ -93,6 +99,10 @@ __all__ = [
     "attention_names",
     "attractor_sgd_step",
     "causal_mask",
+    "decode_init",
+    "decode_sequence",
+    "decode_step",
+    "generate",
     "get_attention",
     "param_labels",
     "register_attention",
