@@ -5,6 +5,8 @@ spinformer run CONFIG [--out DIR] [--set key=value ...] [--resume]
                [--coordinator HOST:PORT --num-processes N --process-id I]
 spinformer list
 spinformer report DIR [DIR ...] [--out DIR]
+spinformer generate RUN_DIR --prompt TEXT [--length N] [--temperature T] [--seed S]
+                    [--no-cache]
 spinformer data fetch NAME
 ```
 """
@@ -122,6 +124,28 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_generate(args) -> int:
+    import time
+
+    from ._generate import generate_text, load_language_model
+
+    loaded = load_language_model(args.run_dir)
+    t0 = time.perf_counter()
+    text, info = generate_text(args.run_dir, args.prompt, length=args.length,
+                               temperature=args.temperature, seed=args.seed,
+                               incremental=not args.no_cache,
+                               progress=sys.stderr.isatty(), loaded=loaded)
+    elapsed = time.perf_counter() - t0
+    print(args.prompt + text)
+    note = (f"spinformer: {args.length} characters in {elapsed:.1f} s "
+            f"({'incremental' if not args.no_cache else 're-solving the context'})")
+    if info["solver_failures"]:
+        note += (f"; warning: {info['solver_failures']} fixed-point solves did not converge "
+                 "(their outputs are the solver's last iterate)")
+    print(note, file=sys.stderr)
+    return 0
+
+
 def _fashion_mnist_status() -> tuple[bool, str]:
     from .data import FASHION_MNIST_DIR, ImageDataError, find_mnist_files
 
@@ -193,6 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="where to write the figures (default: the run directory, "
                      "or ./report for several)")
     rep.set_defaults(fn=_cmd_report)
+
+    g = sub.add_parser("generate", help="sample text from a trained character-level run")
+    g.add_argument("run_dir", help="the run directory (runs/<config name>[-N])")
+    g.add_argument("--prompt", required=True, help="the text to continue (characters of the "
+                   "training text)")
+    g.add_argument("--length", type=int, default=200, help="characters to generate (200)")
+    g.add_argument("--temperature", type=float, default=0.8,
+                   help="sampling temperature; 0 is greedy (0.8)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives "
+                   "the same text (0)")
+    g.add_argument("--no-cache", action="store_true",
+                   help="re-solve the whole context for every character instead of decoding "
+                   "incrementally (slower; the reference)")
+    g.set_defaults(fn=_cmd_generate)
 
     d = sub.add_parser("data", help="datasets: `data fetch NAME`, `data list`")
     dsub = d.add_subparsers(dest="action", required=True)
