@@ -80,7 +80,8 @@ def test_generation_is_reproducible_and_agrees_with_resolving():
     assert a == b and a != c
     assert a == ref and info["restarts"] == ref_info["restarts"] >= 2
     assert info["solver_failures"] == 0
-    greedy, _ = nn.generate(model, prompt, length=5, temperature=0.0, key=jax.random.key(9))
+    greedy, _ = nn.generate(model, prompt, temperature=0.0, key=jax.random.key(9),
+                            length=2 * L)  # (the same length reuses the compiled loop)
     logits = full_call(model, jnp.asarray([1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
     assert greedy[0] == int(jnp.argmax(logits[2]))
 

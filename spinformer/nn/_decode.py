@@ -171,27 +171,75 @@ def window_start(n: int, start: int, max_len: int) -> int:
     return start
 
 
-@eqx.filter_jit
-def _jit_step(model, state, token):
-    return decode_step(model, state, token)
+class _Carry(eqx.Module):
+    """The generation loop's state: the token buffer (prompt, generated tokens, then
+    `max_len` of padding), how many tokens it holds, the window start, the decoding state
+    (None when re-solving), the next token's logits, window restarts and solver failures of
+    the states already dropped."""
+
+    buf: Int[Array, " N"]
+    n: Int[Array, ""]
+    start: Int[Array, ""]
+    state: Optional[DecodeState]
+    logits: Float[Array, " c"]
+    restarts: Int[Array, ""]
+    failures: Int[Array, ""]
+
+
+def _window(buf, start, L):
+    return jax.lax.dynamic_slice(buf, (start,), (L,))
+
+
+def _context_logits(model, buf, start, n, L):
+    """Re-solve: the whole window's call, the output at its last real position."""
+    return model(_window(buf, start, L))[n - start - 1]
+
+
+def _sample(logits, temperature, key):
+    """A draw from softmax(logits / temperature), or the argmax at temperature 0."""
+    t = jnp.maximum(temperature, 1e-30)
+    drawn = jax.random.categorical(key, logits.astype(jnp.float32) / t)
+    return jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
 
 
 @eqx.filter_jit
-def _jit_prefill(model, tokens, length):
-    return prefill(model, tokens, length)
+def _start(model, buf, n, start, incremental: bool):
+    L = _max_len(model)
+    zero = jnp.zeros((), jnp.int32)
+    if incremental:
+        logits, state = prefill(model, _window(buf, start, L), n - start)
+    else:
+        logits, state = _context_logits(model, buf, start, n, L), None
+    return _Carry(buf, n, start, state, logits, zero, zero)
 
 
 @eqx.filter_jit
-def _jit_full(model, tokens, length):
-    """The whole-window call: the output at position `length − 1` of `model(tokens)` (the
-    tokens after it are padding, which a causal model does not see)."""
-    return model(tokens)[length - 1]
+def _generate_chunk(model, carry: _Carry, key, temperature, steps: int, incremental: bool):
+    """`steps` generation steps in one compiled loop (no host round trip per token)."""
+    L = _max_len(model)
+    keep = max(1, L // 2)
 
+    def body(_, c: _Carry):
+        tok = _sample(c.logits, temperature, jax.random.fold_in(key, c.n))
+        buf = c.buf.at[c.n].set(tok)
+        n = c.n + 1
+        restart = n - c.start > L
+        start = jnp.where(restart, n - keep, c.start)
+        if incremental:
+            def again(_):
+                logits, state = prefill(model, _window(buf, start, L), n - start)
+                return logits, state, c.failures + c.state.failures
 
-def _sample(logits, temperature: float, key):
-    if temperature == 0:
-        return jnp.argmax(logits)
-    return jax.random.categorical(key, logits.astype(jnp.float32) / temperature)
+            def step(_):
+                logits, state = decode_step(model, c.state, tok)
+                return logits, state, c.failures
+
+            logits, state, failures = jax.lax.cond(restart, again, step, None)
+        else:
+            logits, state, failures = _context_logits(model, buf, start, n, L), None, c.failures
+        return _Carry(buf, n, start, state, logits, c.restarts + restart, failures)
+
+    return jax.lax.fori_loop(0, steps, body, carry)
 
 
 def generate(
@@ -203,6 +251,7 @@ def generate(
     key: PRNGKeyArray,
     incremental: bool = True,
     progress: bool = False,
+    chunk: int = 64,
 ) -> tuple[list[int], dict]:
     """Sample `length` tokens after `prompt` from a causal language model.
 
@@ -218,15 +267,17 @@ def generate(
     - `incremental`: keep per-layer caches and compute only each new position
       (`decode_step`); False re-solves the whole context window at every step.
     - `progress`: a tqdm bar over the generated tokens.
+    - `chunk`: tokens generated per compiled loop (between progress updates).
 
-    The context is a window of at most `max_len` tokens (see `window_start`).
+    The context is a window of at most `max_len` tokens (see `window_start`). Sampling, the
+    cache updates and the window restarts all run inside compiled loops of `chunk` steps.
 
     **Returns:** `(ids, info)`: the generated ids (a list of `length` ints) and
     `{"solver_failures": fixed-point solves that did not converge (incremental spin
     attention; 0 otherwise), "restarts": how often the window was restarted}`.
     """
-    if length < 0:
-        raise ValueError(f"length={length} must be >= 0.")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"length={length!r} must be an int >= 0.")
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature={temperature} must be a finite number >= 0.")
     ids = [int(t) for t in jnp.asarray(prompt).reshape(-1)]
@@ -235,44 +286,27 @@ def generate(
     L = _max_len(model)
     if incremental:
         decode_init(model)  # raises early for models without an incremental path
-    pad = lambda seq: jnp.asarray(seq + [0] * (L - len(seq)), jnp.int32)  # noqa: E731
-    start = window_start(len(ids), 0, L)
-    restarts, failures = 0, jnp.zeros((), jnp.int32)
-    state = None
-    if incremental:
-        logits, state = _jit_prefill(model, pad(ids[start:]), jnp.int32(len(ids) - start))
-    else:
-        logits = _jit_full(model, pad(ids[start:]), jnp.int32(len(ids) - start))
-    out: list[int] = []
+    buf = jnp.asarray(ids + [0] * (length + L), jnp.int32)
+    n = len(ids)
+    carry = _start(model, buf, jnp.int32(n), jnp.int32(window_start(n, 0, L)), incremental)
+    temp = jnp.float32(temperature)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=length, desc="generate", dynamic_ncols=True)
     try:
-        for _ in range(length):
-            tok = int(_sample(logits, temperature, jax.random.fold_in(key, len(ids))))
-            ids.append(tok)
-            out.append(tok)
+        done = 0
+        while done < length:
+            steps = min(chunk, length - done)
+            carry = _generate_chunk(model, carry, key, temp, steps, incremental)
+            done += steps
             if bar is not None:
-                bar.update(1)
-            if len(out) == length:
-                break
-            new_start = window_start(len(ids), start, L)
-            if incremental:
-                if new_start != start:
-                    failures = failures + state.failures
-                    logits, state = _jit_prefill(model, pad(ids[new_start:]),
-                                                 jnp.int32(len(ids) - new_start))
-                else:
-                    logits, state = _jit_step(model, state, jnp.int32(tok))
-            else:
-                logits = _jit_full(model, pad(ids[new_start:]), jnp.int32(len(ids) - new_start))
-            restarts += new_start != start
-            start = new_start
+                jax.block_until_ready(carry.n)
+                bar.update(steps)
     finally:
         if bar is not None:
             bar.close()
-    if state is not None:
-        failures = failures + state.failures
-    return out, {"solver_failures": int(failures), "restarts": restarts}
+    failures = carry.failures + (carry.state.failures if carry.state is not None else 0)
+    out = [int(t) for t in carry.buf[n:n + length]]
+    return out, {"solver_failures": int(failures), "restarts": int(carry.restarts)}
