@@ -1,7 +1,7 @@
 """Text generation: incremental decoding vs re-solving the whole context at every step.
 
     python experiments/bench/generate.py [--length 256] [--depth 4] [--seq-len 128]
-                                         [--repeats 3] [--run RUN_DIR ...]
+                                         [--repeats 3] [--run RUN_DIR ...] [--quick]
                                          [--out experiments/results/generate]
 
 For each model, `nn.generate` draws `--length` characters after a fixed prompt twice,
@@ -113,7 +113,11 @@ def main(argv=None):
     p.add_argument("--run", action="append", default=[], help="also a trained run directory")
     p.add_argument("--only", help="only models whose label contains this text")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "generate"))
+    p.add_argument("--quick", action="store_true", help="a smoke test: 32 characters, depth "
+                   "2, T 32, one round, results under quick_*")
     args = p.parse_args(argv)
+    if args.quick:
+        args.length, args.depth, args.seq_len, args.repeats = 32, 2, 32, 1
     device = jax.devices()[0]
     header = ratio_header("re-solve", "incremental")
     print(f"device: {device.device_kind} ({device.platform}); {header}", flush=True)
@@ -126,7 +130,7 @@ def main(argv=None):
         rows.append(measure(label, model, args.length, args.repeats, prompt))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = device.platform
+    tag = ("quick_" if args.quick else "") + device.platform
     result = {"device": device.device_kind, "platform": device.platform,
               "machine": platform.machine(), "length": args.length, "rows": rows}
     (out / f"generate_{tag}.json").write_text(json.dumps(result, indent=2))
