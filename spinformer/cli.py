@@ -7,6 +7,7 @@ spinformer list
 spinformer report DIR [DIR ...] [--out DIR]
 spinformer generate RUN_DIR --prompt TEXT [--length N] [--temperature T] [--seed S]
                     [--no-cache]
+spinformer diagnose RUN_DIR [--batches N] [--starts K] [--seed S] [--out DIR]
 spinformer data fetch NAME
 ```
 """
@@ -146,6 +147,22 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _cmd_diagnose(args) -> int:
+    from .train import diagnose, diagnostics_table
+
+    try:
+        summary = diagnose(args.run_dir, batches=args.batches, starts=args.starts,
+                           seed=args.seed, out_dir=args.out)
+    except ValueError as e:
+        print(f"spinformer: error: {e}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out) if args.out else pathlib.Path(args.run_dir)
+    print(diagnostics_table(summary))
+    print(f"spinformer: {summary['examples']} validation examples -> "
+          f"{out / 'diagnostics.json'}, {out / 'diagnostics.png'}", file=sys.stderr)
+    return 0
+
+
 def _fashion_mnist_status() -> tuple[bool, str]:
     from .data import FASHION_MNIST_DIR, ImageDataError, find_mnist_files
 
@@ -231,6 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-solve the whole context for every character instead of decoding "
                    "incrementally (slower; the reference)")
     g.set_defaults(fn=_cmd_generate)
+
+    dg = sub.add_parser("diagnose", help="fixed-point diagnostics of a trained run, per layer")
+    dg.add_argument("run_dir", help="the run directory (runs/<config name>[-N])")
+    dg.add_argument("--batches", type=int, default=1,
+                    help="validation batches to analyse, every example of each (1)")
+    dg.add_argument("--starts", type=int, default=8,
+                    help="random starts per fixed point, besides the default one (8)")
+    dg.add_argument("--seed", type=int, default=0, help="seed of the random starts (0)")
+    dg.add_argument("--out", help="where to write diagnostics.json and diagnostics.png "
+                    "(default: the run directory)")
+    dg.set_defaults(fn=_cmd_diagnose)
 
     d = sub.add_parser("data", help="datasets: `data fetch NAME`, `data list`")
     dsub = d.add_subparsers(dest="action", required=True)

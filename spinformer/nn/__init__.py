@@ -17,6 +17,11 @@ A new attention is one module plus one config dataclass, registered with
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
 from . import _softmax, _spin, _boltzmann, _neurogame, _implicit, _free_energy  # noqa: F401, I001
+from ._analysis import FixedPointAnalysis as FixedPointAnalysis
+from ._analysis import ModelAnalysis as ModelAnalysis
+from ._analysis import fixed_point_analysis as fixed_point_analysis
+from ._analysis import model_analysis as model_analysis
+from ._analysis import steady_state_analysis as steady_state_analysis
 from ._attractor import AttractorNetwork as AttractorNetwork
 from ._attractor import PixelSpinEmbedding as PixelSpinEmbedding
 from ._attractor import attractor_sgd_step as attractor_sgd_step
@@ -76,11 +81,13 @@ __all__ = [
     "DecodeState",
     "Diagnostics",
     "FeedForward",
+    "FixedPointAnalysis",
     "FreeEnergyAttention",
     "FreeEnergyConfig",
     "ImageClassifier",
     "ImplicitAttention",
     "ImplicitConfig",
+    "ModelAnalysis",
     "NeuroGameAttention",
     "NeuroGameConfig",
     "NeuroGameDiagnostics",
@@ -102,9 +109,12 @@ __all__ = [
     "decode_init",
     "decode_sequence",
     "decode_step",
+    "fixed_point_analysis",
     "generate",
     "get_attention",
+    "model_analysis",
     "param_labels",
     "register_attention",
+    "steady_state_analysis",
     "unregister_attention",
 ]

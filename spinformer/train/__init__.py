@@ -11,6 +11,7 @@ from ._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from ._diagnose import diagnose, diagnostics_table
 from ._experiment import (
     RunDirError,
     build_dataset,
@@ -42,6 +43,7 @@ __all__ = [
     "RunDirError",
     "StopSignals",
     "check_run_dir",
+    "diagnose",
     "TrainingInterrupted",
     "initialize_distributed",
     "is_writer",
@@ -52,6 +54,7 @@ __all__ = [
     "build_optimizer",
     "evaluate",
     "fit",
+    "diagnostics_table",
     "init_opt_state",
     "jit_step",
     "list_checkpoints",
