@@ -100,6 +100,17 @@ def test_vmf_norms_and_uniform_limit(vmf_samples):
         np.testing.assert_allclose(second, VMF_R**2 / D * np.eye(D), atol=0.04 * VMF_R**2)
 
 
+def test_kinetics_errors():
+    x, J, key = jnp.ones((3, 4)), jnp.zeros((3, 3)), jax.random.key(0)
+    for kw in [dict(x=jnp.ones((3, 1))), dict(J=jnp.zeros((2, 2))), dict(steps=0),
+               dict(num_chains=1), dict(beta=-1.0), dict(s0=jnp.ones((2, 4))),
+               dict(x=jnp.ones((5, 3, 4)))]:
+        args = dict(key=key, x=x, J=J, steps=2, num_chains=4) | kw
+        with pytest.raises(ValueError):
+            samplers.simulate_vector_kinetics(args.pop("key"), args.pop("x"), args.pop("J"),
+                                              **args)
+
+
 def test_vmf_shapes_and_errors():
     key = jax.random.key(1)
     shape = lambda *a, **kw: jax.eval_shape(  # noqa: E731
@@ -118,13 +129,15 @@ def test_vmf_shapes_and_errors():
 STEPS, BURN, CHAINS, GROUPS = 200, 40, 1024, 4
 
 
-@partial(jax.jit, static_argnames=("steps", "burn", "chains", "groups"))
-def _stationary(key, x, J, beta, R, *, steps=STEPS, burn=BURN, chains=CHAINS, groups=GROUPS):
+@partial(jax.jit, static_argnames=("steps", "burn", "chains", "groups", "rao_blackwell"))
+def _stationary(key, x, J, beta, R, *, steps=STEPS, burn=BURN, chains=CHAINS, groups=GROUPS,
+                rao_blackwell=True):
     """Stationary m and connected delayed correlations D_ij = ⟨δs_i,t·δs_j,t−1⟩ from `groups`
     independent runs (for error bars), each averaged over the steps after `burn`:
     `(groups, n, D)`, `(groups, n, n)`."""
     mo = jax.vmap(lambda k: samplers.simulate_vector_kinetics(
-        k, x, J, beta=beta, R=R, steps=steps, num_chains=chains))(jax.random.split(key, groups))
+        k, x, J, beta=beta, R=R, steps=steps, num_chains=chains, rao_blackwell=rao_blackwell)
+    )(jax.random.split(key, groups))
     return mo.mean[:, burn:].mean(axis=1), mo.delayed[:, burn:].mean(axis=1)
 
 
@@ -258,6 +271,9 @@ def test_transient_sigma_can_be_negative():
     _, s_first = _first_order(first["m"], J, m_prev=np.zeros((N, DIM)))
     assert s_first < 0 and first["sigma"] < -10 * first["sigma_se"], (s_first, first)
     assert abs(s_first - first["sigma"]) < 0.1 * abs(first["sigma"])  # measured 3.5 %
+    raw = _mc(6, x, J, steps=1, burn=0, chains=4096, groups=16, rao_blackwell=False)
+    assert abs(raw["sigma"] - first["sigma"]) < 4 * np.hypot(raw["sigma_se"], first["sigma_se"])
+    assert raw["sigma_se"] > 3 * first["sigma_se"]  # what the conditional means save
     steady = _mc(13, x, J)
     assert steady["sigma"] > 10 * steady["sigma_se"]
     _, s_steady = _first_order(steady["m"], J)

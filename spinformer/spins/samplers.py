@@ -703,8 +703,7 @@ def simulate_vector_kinetics(
                          f"{jnp.shape(x)}.")
     _check_vector_field(name, "x", x)
     n, D = jnp.shape(x)[-2:]
-    check_square_ = jnp.shape(J) == (n, n)
-    if not check_square_:
+    if jnp.shape(J) != (n, n):
         raise ValueError(f"{name}: J must have shape ({n}, {n}) for x of shape "
                          f"{jnp.shape(x)}, got {jnp.shape(J)}.")
     _check_int(name, "steps", steps, 1)
