@@ -1,4 +1,6 @@
-r"""Sampling binary Ising systems: Gibbs, parallel tempering, simulated diabatic quantum annealing.
+r"""Sampling binary Ising systems (Gibbs, parallel tempering, simulated diabatic quantum
+annealing) and vector spins (exact von Mises–Fisher draws, Monte Carlo of the parallel
+vector-spin kinetics: `von_mises_fisher`, `simulate_vector_kinetics`).
 
 Same energy as `spinformer.spins.ising`: spins s ∈ {-1, +1}^n,
 
