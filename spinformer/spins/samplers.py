@@ -56,6 +56,9 @@ __all__ = [
     "batch_means",
     "straight_through",
     "straight_through_mean_field",
+    "von_mises_fisher",
+    "simulate_vector_kinetics",
+    "KineticsMoments",
 ]
 
 
@@ -480,7 +483,6 @@ def straight_through_mean_field(
 
 from typing import NamedTuple  # noqa: E402
 
-__all__ += ["von_mises_fisher", "simulate_vector_kinetics", "KineticsMoments"]
 
 _VMF_MAX_ROUNDS = 200  # Wood's acceptance rate exceeds 0.65 for every D and κ
 _VMF_CHI2_MAX_DIM = 33  # Beta draws from normals up to this D, from gammas above
