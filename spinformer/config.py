@@ -109,6 +109,11 @@ class DataConfig:
                                   "images (null: all)")
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
+    stream: bool = _f(False, "chars only: read the text in order as batch_size contiguous "
+                      "streams, batch i holding chunk i of every stream, and carry the "
+                      "attention's state from one batch to the next (truncated "
+                      "backpropagation through time; needs model.attention=spin with "
+                      "model.spin.mode=steps and model.spin.init=carried)")
 
     def __post_init__(self):
         _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
@@ -119,6 +124,8 @@ class DataConfig:
         _need(self.max_vocab >= 5, f"max_vocab={self.max_vocab} must be >= 5.")
         _need(0.0 < self.val_fraction < 1.0,
               f"val_fraction={self.val_fraction} must be in (0, 1).")
+        _need(not self.stream or self.task == "chars",
+              f"stream=true reads a text in order: it needs task=chars; got task={self.task}.")
 
 
 def _model_fields():
@@ -233,6 +240,15 @@ class TrainConfig:
                            "by process 0), orbax (orbax-checkpoint: every process writes its "
                            "shards), or auto (orbax only when a model axis spans several "
                            "processes)", ("auto", "native", "orbax"))
+    entropy_weight: float = _f(0.0, "add entropy_weight * (entropy production, summed over "
+                               "layers, averaged over examples and heads) to the loss: > 0 "
+                               "minimises it, < 0 maximises it (an attention that reports it: "
+                               "spin)")
+    local_losses: bool = _f(False, "per-layer local losses: stop gradients between blocks and "
+                            "train each block on the cross-entropy of its own readout (final "
+                            "norm + readout of its output), summed over layers; loss and "
+                            "accuracy stay the last layer's (per-position tasks: brackets, "
+                            "chars)")
 
     def __post_init__(self):
         _need(self.steps >= 1, f"steps={self.steps} must be >= 1.")
@@ -271,6 +287,23 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig(),
                                            metadata={"help": "the model"})
     train: TrainConfig = _f(TrainConfig, "the optimisation loop")
+
+    def __post_init__(self):
+        # checks across sections (a section's own are in its `__post_init__`)
+        spin = getattr(self.model, "spin", None)
+        carries = (self.model.attention == "spin" and spin is not None
+                   and spin.mode == "steps" and spin.init == "carried")
+        _need(not self.data.stream or carries,
+              "data.stream=true carries the attention's state from one batch to the next: it "
+              "needs model.attention=spin with model.spin.mode=steps and "
+              "model.spin.init=carried (num_steps=1: one time step per call); got "
+              f"model.attention={self.model.attention}"
+              + (f", model.spin.mode={spin.mode}, model.spin.init={spin.init}"
+                 if self.model.attention == "spin" and spin is not None else "") + ".")
+        _need(not self.train.local_losses or self.data.task in ("brackets", "chars"),
+              "train.local_losses=true trains each layer on its own per-position readout: it "
+              f"needs a per-position task (data.task brackets or chars); got data.task="
+              f"{self.data.task}.")
 
     def replace(self, changes: Optional[Mapping[str, Any]] = None, /, **dotted: str
                 ) -> "Config":

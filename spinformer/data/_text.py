@@ -1,4 +1,5 @@
-"""Character-level text: a 90/10 train/validation split and windows of length T."""
+"""Character-level text: a 90/10 train/validation split and windows of length T, drawn at
+random or (`stream=True`) read in order from parallel contiguous streams."""
 
 from __future__ import annotations
 
@@ -140,20 +141,30 @@ class CharText:
     - `val_fraction`: the last fraction of the text is the validation split (default 0.1).
     - `max_chars`: use only the first `max_chars` characters (None: all).
     - `source`: where the text comes from (a file name), named in errors.
+    - `stream`: read the text in order (truncated backpropagation through time, with a
+      model that carries its state from one call to the next): each split is cut into
+      `batch_size` contiguous streams of `L // batch_size` characters, and batch `i` holds
+      chunk `i` of every stream, `inputs[b] = stream_b[i*T : (i+1)*T]` and `targets` the
+      characters one further. A stream holds `chunks(split) = (L // batch_size - 1) // T`
+      chunks; after its last one it starts again from its first (batch `i` holds chunk
+      `i mod chunks`), and `start (B,)` marks the batches that begin the streams (`i mod
+      chunks == 0`), where the trainer resets the carried state to "no history" instead of
+      carrying the stale state of the stream's end. The seed is unused.
 
-    A text whose training or validation split is shorter than `seq_len + 1` characters is a
-    `ValueError` (a `DataFileError` naming the file when `source` is given).
+    A text whose training or validation split is shorter than `seq_len + 1` characters (with
+    `stream`, one stream per example: `batch_size * (seq_len + 1)`) is a `ValueError` (a
+    `DataFileError` naming the file when `source` is given).
 
-    `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters) and
-    `mask (B, T)` of ones. `baselines(batch)` gives the perplexity of the training split's
-    character frequencies on the batch.
+    `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters),
+    `mask (B, T)` of ones and, with `stream`, `start (B,)` bool. `baselines(batch)` gives the
+    perplexity of the training split's character frequencies on the batch.
     """
 
     kind = "lm"
 
     def __init__(self, text: str, seq_len: int = 64, batch_size: int = 32, seed: int = 0,
                  val_fraction: float = 0.1, max_chars: Optional[int] = None,
-                 source: Optional[str] = None):
+                 source: Optional[str] = None, stream: bool = False):
         if max_chars is not None:
             text = text[:max_chars]
         self.chars = sorted(set(text))
@@ -161,18 +172,24 @@ class CharText:
         data = np.array([self.stoi[c] for c in text], dtype=np.int32)
         n_val = int(round(len(data) * val_fraction))
         self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val:]
+        need, what = seq_len + 1, f"seq_len + 1 = {seq_len + 1}"
+        if stream:
+            need = batch_size * (seq_len + 1)
+            what = (f"batch_size * (seq_len + 1) = {need} (one stream of at least seq_len + 1 "
+                    "characters per example)")
         for name, d in (("train", self.train_data), ("validation", self.val_data)):
-            if len(d) < seq_len + 1:
+            if len(d) < need:
                 cut = f" (cut to max_chars={max_chars})" if max_chars is not None else ""
+                fix = "a smaller batch_size or seq_len" if stream else "a shorter seq_len"
                 msg = (f"the {name} split (val_fraction={val_fraction}) has {len(d)} characters"
-                       f"{cut}, fewer than seq_len + 1 = {seq_len + 1}; use a longer text or a "
-                       "shorter seq_len.")
+                       f"{cut}, fewer than {what}; use a longer text or {fix}.")
                 if source is not None:
                     raise DataFileError(f"{source}: {len(text)} characters are too few: {msg}")
                 raise ValueError(msg)
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.seed = seed
+        self.stream = stream
         self.vocab_size = len(self.chars)
         self.num_classes = self.vocab_size
 
@@ -194,10 +211,20 @@ class CharText:
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
-    def batch(self, index: int, split: str = "train") -> dict[str, np.ndarray]:
+    def _split(self, split: str) -> np.ndarray:
         if split not in _SPLITS:
             raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLITS)}.")
-        data = self.train_data if split == "train" else self.val_data
+        return self.train_data if split == "train" else self.val_data
+
+    def chunks(self, split: str = "train") -> int:
+        """Stream mode: the chunks of `seq_len` characters each stream of `split` holds (its
+        batches `0 .. chunks - 1`; later ones start the streams again)."""
+        return (len(self._split(split)) // self.batch_size - 1) // self.seq_len
+
+    def batch(self, index: int, split: str = "train") -> dict[str, np.ndarray]:
+        data = self._split(split)
+        if self.stream:
+            return self._stream_batch(data, index, split)
         rng = np.random.default_rng([self.seed, _SPLITS[split], index])
         starts = rng.integers(0, len(data) - self.seq_len, size=self.batch_size)
         idx = starts[:, None] + np.arange(self.seq_len)[None, :]
@@ -205,6 +232,18 @@ class CharText:
             "inputs": data[idx],
             "targets": data[idx + 1],
             "mask": np.ones((self.batch_size, self.seq_len), np.float32),
+        }
+
+    def _stream_batch(self, data: np.ndarray, index: int, split: str) -> dict[str, np.ndarray]:
+        B, T = self.batch_size, self.seq_len
+        chunk = index % self.chunks(split)
+        length = len(data) // B  # stream b is data[b*length : (b+1)*length]
+        idx = (np.arange(B)[:, None] * length + chunk * T) + np.arange(T)[None, :]
+        return {
+            "inputs": data[idx],
+            "targets": data[idx + 1],
+            "mask": np.ones((B, T), np.float32),
+            "start": np.full((B,), chunk == 0),
         }
 
     def baselines(self, batch: dict[str, np.ndarray]) -> dict[str, float]:

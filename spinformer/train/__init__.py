@@ -16,6 +16,7 @@ from ._experiment import (
     RunDirError,
     build_dataset,
     build_model,
+    build_objective,
     build_optimizer,
     check_run_dir,
     load_run,
@@ -26,9 +27,11 @@ from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._step import (
+    Objective,
     evaluate,
     mixed_precision,
     init_opt_state,
+    init_stream_state,
     jit_step,
     loss_fn,
     make_optimizer,
@@ -40,6 +43,7 @@ from ._step import (
 
 __all__ = [
     "CorruptCheckpoint",
+    "Objective",
     "RunDirError",
     "StopSignals",
     "check_run_dir",
@@ -51,11 +55,13 @@ __all__ = [
     "mixed_precision",
     "build_dataset",
     "build_model",
+    "build_objective",
     "build_optimizer",
     "evaluate",
     "fit",
     "diagnostics_table",
     "init_opt_state",
+    "init_stream_state",
     "jit_step",
     "list_checkpoints",
     "load_latest",

@@ -17,6 +17,7 @@ import os
 import pathlib
 from typing import Optional
 
+import equinox as eqx
 import jax
 
 from .. import config as _config
@@ -25,7 +26,7 @@ from .. import nn as _nn
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
-from ._step import init_opt_state
+from ._step import Objective, init_opt_state
 from ._step import make_optimizer, make_schedule, num_params
 
 
@@ -64,7 +65,7 @@ def _make_dataset(d: "_config.DataConfig"):
     if d.task == "chars":
         return _data.CharText.from_path(
             d.path, seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
-            val_fraction=d.val_fraction, max_chars=d.max_chars,
+            val_fraction=d.val_fraction, max_chars=d.max_chars, stream=d.stream,
         )
     if d.task == "nli":
         phenomena = tuple(x.strip() for x in d.phenomena.split(",") if x.strip())
@@ -89,7 +90,8 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, an
     `ImageClassifier` for images (`model.embed`, `model.residual`, ...), a
     `PairClassifier` for sentence pairs (`model.pool`; the NeuroGame pooled head takes its
-    options from `model.neurogame`).
+    options from `model.neurogame`). With `train.local_losses` the text models stop
+    gradients between blocks (`detach_layers=True`).
 
     The attention is looked up in the registry (`nn.register_attention`); its class turns the
     config section `model.<attention>` into constructor arguments (`from_config`). A model
@@ -104,6 +106,7 @@ def build_model(cfg: "_config.Config", dataset, *, key):
         attention=reg.cls, attention_kwargs=reg.kwargs_from(section),
         ffn_hidden=m.ffn_hidden, dropout=m.dropout,
     )
+    sequence = dict(detach_layers=cfg.train.local_losses)
 
     def make(k):
         if dataset.kind == "image_classification":
@@ -120,14 +123,49 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                 pool_kwargs=ngt.kwargs_from(m.neurogame) if m.pool == "ngt" else None,
                 key=k, **common)
         if dataset.kind == "lm":
-            return _nn.CausalLM(dataset.vocab_size, key=k, **common)
-        return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, key=k, **common)
+            return _nn.CausalLM(dataset.vocab_size, key=k, **common, **sequence)
+        return _nn.Tagger(dataset.vocab_size, dataset.num_classes, causal=True, key=k, **common,
+                          **sequence)
 
     try:
         return make(key)
     except ValueError as e:
         raise _config.ConfigError(f"model.attention={m.attention} with data.task="
                                   f"{cfg.data.task}: {e}") from None
+
+
+def build_objective(cfg: "_config.Config") -> Objective:
+    """What training minimises: the cross-entropy, plus `train.entropy_weight` times the
+    entropy production, or with `train.local_losses` the sum of the layers' own losses."""
+    return Objective(entropy_weight=cfg.train.entropy_weight,
+                     local_losses=cfg.train.local_losses)
+
+
+def check_objective(cfg: "_config.Config", model, dataset) -> None:
+    """Refuse, before training, an objective the model cannot serve: a nonzero
+    `train.entropy_weight` with a model that reports no entropy production, or local losses
+    or streaming with a model that reports no per-layer outputs or no state. Traced once
+    on one example (`jax.eval_shape`: nothing is computed); a `ConfigError` naming the keys."""
+    t = cfg.train
+    if not (t.entropy_weight or t.local_losses or cfg.data.stream):
+        return
+    batch = dataset.batch(0, "train")
+    x = jax.numpy.asarray(batch["inputs"][0])
+    diag = eqx.filter_eval_shape(lambda m, x: m(x, return_diagnostics=True)[1], model, x)
+    if t.entropy_weight and getattr(diag, "entropy_production", None) is None:
+        raise _config.ConfigError(
+            f"train.entropy_weight={t.entropy_weight}: the model for data.task={cfg.data.task} "
+            f"with model.attention={cfg.model.attention} reports no entropy production; use "
+            "model.attention=spin, or train.entropy_weight=0.")
+    if t.local_losses and (getattr(diag, "hidden", None) is None
+                           or not hasattr(model, "layer_logits")):
+        raise _config.ConfigError(
+            f"train.local_losses=true: the model for data.task={cfg.data.task} with "
+            f"model.attention={cfg.model.attention} has no per-layer readouts; use "
+            "train.local_losses=false.")
+    if cfg.data.stream and getattr(diag, "state", None) is None:
+        raise _config.ConfigError(  # pragma: no cover - the config already checks this
+            f"data.stream=true: model.attention={cfg.model.attention} carries no state.")
 
 
 def build_mesh(cfg: "_config.Config"):
@@ -346,6 +384,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         mesh = build_mesh(cfg)
         dataset = build_dataset(cfg)
         model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+        check_objective(cfg, model, dataset)
         optimizer = build_optimizer(cfg)
     except BaseException:
         if created:  # leave no empty directory behind for a run that never started
@@ -373,6 +412,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
             precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
+            objective=build_objective(cfg), stream=cfg.data.stream,
         )
     return summary
 

@@ -1,4 +1,5 @@
-"""Loss, accuracy and solver-step figures (PNG files, drawn without pyplot)."""
+"""Loss, accuracy, solver-step, per-layer local-loss and entropy-production figures (PNG
+files, drawn without pyplot)."""
 
 from __future__ import annotations
 
@@ -31,24 +32,30 @@ def _series(records, split, key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def layers_of(records) -> list[int]:
-    """The layers with per-layer solver steps (`solver_steps/0`, ...) in `records`."""
-    keys = {k for r in records for k in r if k.startswith("solver_steps/")}
+def layers_of(records, name: str = "solver_steps") -> list[int]:
+    """The layers with a per-layer metric `name` (`solver_steps/0`, ...) in `records`."""
+    keys = {k for r in records for k in r if k.startswith(name + "/")}
     return sorted(int(k.split("/", 1)[1]) for k in keys)
+
+
+# per-layer metrics drawn one line per layer, train and validation: (name, y label)
+_PER_LAYER = (("local_loss", "local cross-entropy"), ("entropy_production", "entropy production σ"))
 
 
 def plot_run(records: list[dict], out_dir) -> list[pathlib.Path]:
     """Write `loss.png` and `accuracy.png` (train and validation vs step) into `out_dir`,
-    and `solver_steps.png` (forward solver steps per layer vs step, and the backward solves'
+    `solver_steps.png` (forward solver steps per layer vs step, and the backward solves'
     matrix-vector products where the linear solver counts them) for models that solve fixed
-    points."""
+    points, `local_loss.png` (each layer's own cross-entropy vs step) for runs with local
+    losses, and `entropy_production.png` (per layer vs step) for models that report it."""
     return plot_runs({"": records}, out_dir)
 
 
 def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pathlib.Path]:
     """Figures comparing several runs (`{label: records}`): `{prefix}loss.png`,
-    `{prefix}accuracy.png`, and `{prefix}solver_steps.png` if any run logged solver steps
-    per layer (one panel per run, one line per layer)."""
+    `{prefix}accuracy.png`, and, one panel per run and one line per layer,
+    `{prefix}solver_steps.png`, `{prefix}local_loss.png` and
+    `{prefix}entropy_production.png` if any run logged that metric per layer."""
     plt = _plt()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +82,34 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
     solved = {label: records for label, records in runs.items() if layers_of(records)}
     if solved:
         paths.append(_plot_solver_steps(plt, solved, out / f"{prefix}solver_steps.png"))
+    for name, ylabel in _PER_LAYER:
+        logged = {label: records for label, records in runs.items()
+                  if layers_of(records, name)}
+        if logged:
+            paths.append(_plot_per_layer(plt, logged, name, ylabel, out / f"{prefix}{name}.png"))
     return paths
+
+
+def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
+                    path: pathlib.Path) -> pathlib.Path:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(6, 3 * len(runs)), squeeze=False,
+                             sharex=True)
+    for ax, (label, records) in zip(axes[:, 0], runs.items()):
+        for layer in layers_of(records, name):
+            for split, style in (("train", ":"), ("val", "-")):
+                xs, ys = _series(records, split, f"{name}/{layer}")
+                if xs:
+                    ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
+        ax.set_ylabel(ylabel)
+        if label:
+            ax.set_title(label, fontsize="small")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> pathlib.Path:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from . import _checkpoint as ckpt
 from . import _mesh, _orbax
 from ._figures import plot_run
-from ._step import evaluate, init_opt_state, jit_step, to_device
+from ._step import evaluate, init_opt_state, init_stream_state, jit_step, to_device
 
 
 class TrainingInterrupted(Exception):
@@ -177,6 +177,8 @@ def fit(
     precision: str = "float32",
     mesh=None,
     checkpointer: str = "native",
+    objective=None,
+    stream: bool = False,
 ):
     """Train `model` on `dataset` and write a run directory.
 
@@ -196,7 +198,14 @@ def fit(
     - `max_bad_steps`: a step with a non-finite loss, gradient or update is skipped (nothing
       changes; the records count them in `bad_steps`); this many in a row raise
       `FloatingPointError` after writing a checkpoint of the (still finite) state.
-    - `accumulate`, `precision`: see `jit_step`.
+    - `accumulate`, `precision`, `objective`: see `jit_step`.
+    - `stream`: the batches are consecutive chunks of parallel streams
+      (`data.CharText(stream=True)`) and the model's attention carries its state: training
+      starts from a zero state ("no history") and feeds each step the state the previous
+      step returned, with no gradient into earlier chunks (truncated backpropagation through
+      time); the state is part of every checkpoint, so a resumed run equals an uninterrupted
+      one. Each evaluation carries its own state through the validation batches, from
+      zeros.
     - `checkpointer`: `"native"` (one checksummed file per checkpoint, written by process 0
       from whole arrays) or `"orbax"` (orbax-checkpoint: every process writes its own shards
       under `out_dir/orbax/`; for state no process holds whole). Resume reads the same kind.
@@ -216,6 +225,10 @@ def fit(
         out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     opt_state = init_opt_state(optimizer, model)
+    # streaming: the state carried from step to step, checkpointed with the optimiser state
+    carried = None
+    if stream:
+        carried = np.asarray(init_stream_state(model, dataset.batch(0, "train")))
     start = 0
     es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
     elapsed_before, bad_total = 0.0, 0
@@ -224,13 +237,19 @@ def fit(
         raise ValueError(f"checkpointer={checkpointer!r}: use 'native' or 'orbax'.")
     orbax = _orbax.OrbaxCheckpoints(out, keep_checkpoints) if checkpointer == "orbax" else None
     if resume:
+        # (the carried state is saved after the optimiser state: readers that ask only for
+        # `(model, opt_state)`, e.g. `load_run`, read the same files)
+        like = (model, opt_state if carried is None else (opt_state, carried))
         if orbax is not None:  # each process reads its own shards onto the current mesh
-            shardings = None if mesh is None else _mesh.state_shardings((model, opt_state), mesh)
-            got = orbax.restore_latest((model, opt_state), shardings)
+            shardings = None if mesh is None else _mesh.state_shardings(like, mesh)
+            got = orbax.restore_latest(like, shardings)
         else:
-            got = ckpt.load_latest(out, (model, opt_state))
+            got = ckpt.load_latest(out, like)
         if got is not None:
             start, model, opt_state, meta = got
+            if carried is not None:
+                opt_state, carried = opt_state
+                carried = _mesh.gather(carried)
             es = meta.get("early_stopping", es)
             elapsed_before = float(meta.get("elapsed_s", 0.0))
             bad_total = int(meta.get("bad_steps", 0))
@@ -245,6 +264,8 @@ def fit(
 
     if mesh is not None:
         model, opt_state = _mesh.place_state((model, opt_state), mesh)
+    if carried is not None:
+        carried = place_batch({"state": carried})["state"]
     eval_set = [place_batch(dataset.batch(i, "val")) for i in range(eval_batches)]
     base_key = jax.random.key(seed)
     t0 = time.perf_counter()
@@ -265,9 +286,10 @@ def fit(
             "elapsed_s": now(),
             "bad_steps": bad_total,
         }
+        held = opt_state if carried is None else (opt_state, carried)
         if orbax is not None:  # every process writes its own shards
-            return orbax.save(step, model, opt_state, meta)
-        state = (model, opt_state) if mesh is None else _mesh.gather((model, opt_state))
+            return orbax.save(step, model, held, meta)
+        state = (model, held) if mesh is None else _mesh.gather((model, held))
         if writer:
             return ckpt.save_checkpoint(out, step, *state, meta, keep=keep_checkpoints)
         return ckpt.checkpoint_path(out, step)
@@ -275,7 +297,7 @@ def fit(
     step = start
     last_eval: Optional[dict] = None
     train_step = jit_step(optimizer, accumulate=accumulate, precision=precision,
-                          mesh=mesh)  # compiled once
+                          mesh=mesh, objective=objective)  # compiled once
     show = _Progress(out.name, steps, start, enabled=progress and writer)
     bad_run = 0
     with StopSignals() as signals:
@@ -283,7 +305,11 @@ def fit(
             while step < steps and not es["stopped_early"]:
                 batch = place_batch(_train_batch(dataset, step, accumulate))
                 key = jax.random.fold_in(base_key, step)
-                model, opt_state, metrics = train_step(model, opt_state, batch, key)
+                if carried is None:
+                    model, opt_state, metrics = train_step(model, opt_state, batch, key)
+                else:
+                    model, opt_state, metrics, carried = train_step(model, opt_state, batch,
+                                                                    key, carried)
                 step += 1
                 bad = bool(metrics["bad_step"])
                 bad_run = bad_run + 1 if bad else 0
@@ -302,7 +328,7 @@ def fit(
                         step, bad_run, {k: float(v) for k, v in metrics.items()}, out, path))
                 show.update(step, rec)
                 if step % eval_every == 0 or step == steps:
-                    last_eval = evaluate(model, eval_set)
+                    last_eval = evaluate(model, eval_set, objective=objective, stream=stream)
                     log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
                     if last_eval["loss"] < es["best_loss"]:
                         es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
@@ -320,7 +346,7 @@ def fit(
 
     records = _read_records(metrics_path) if writer else []
     if last_eval is None:  # resumed a finished run: every process evaluates (collectives)
-        last_eval = evaluate(model, eval_set)
+        last_eval = evaluate(model, eval_set, objective=objective, stream=stream)
     if not (checkpoint_every and step % checkpoint_every == 0):
         save(step)
     summary = {
