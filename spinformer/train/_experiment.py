@@ -26,7 +26,7 @@ from .. import nn as _nn
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
-from ._step import Objective, init_opt_state
+from ._step import Objective, init_opt_state, init_stream_state
 from ._step import make_optimizer, make_schedule, num_params
 
 
@@ -428,7 +428,10 @@ def load_run(run_dir):
     cfg = _config.load_config(saved)
     dataset = build_dataset(cfg)
     like = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    like = (like, init_opt_state(build_optimizer(cfg), like))
+    opt_state = init_opt_state(build_optimizer(cfg), like)
+    if cfg.data.stream:  # a streaming run's checkpoints also hold the carried state
+        opt_state = (opt_state, init_stream_state(like, dataset.batch(0, "train")))
+    like = (like, opt_state)
     got = load_latest(run_dir, like)
     if got is None and _orbax.OrbaxCheckpoints(run_dir).exists():  # a sharded run's
         got = _orbax.OrbaxCheckpoints(run_dir).restore_latest(like)
