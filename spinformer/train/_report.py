@@ -23,8 +23,10 @@ def _solver_steps(metrics: dict) -> str:
 def report(run_dirs: Sequence, out_dir=None) -> str:
     """A Markdown table of the runs' final metrics, and comparison figures in `out_dir`
     (default: the run directory if there is one, else `./report`): `report_loss.png`,
-    `report_accuracy.png`, and `report_solver_steps.png` (forward solver steps per layer
-    over training) when a run solved fixed points.
+    `report_accuracy.png`, and, one panel per run and one line per layer,
+    `report_solver_steps.png` (forward solver steps over training) when a run solved fixed
+    points, `report_local_loss.png` when a run trained with local losses and
+    `report_entropy_production.png` when a run's model reports entropy production.
 
     **Returns:** the table as a string.
     """
