@@ -238,7 +238,7 @@ def fit(
     orbax = _orbax.OrbaxCheckpoints(out, keep_checkpoints) if checkpointer == "orbax" else None
     if resume:
         # (the carried state is saved after the optimiser state: readers that ask only for
-        # `(model, opt_state)`, e.g. `load_run`, read the same files)
+        # `(model, opt_state)`, e.g. `spinformer generate`, read the same native files)
         like = (model, opt_state if carried is None else (opt_state, carried))
         if orbax is not None:  # each process reads its own shards onto the current mesh
             shardings = None if mesh is None else _mesh.state_shardings(like, mesh)
