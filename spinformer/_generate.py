@@ -54,7 +54,9 @@ def load_language_model(run_dir):
         chars = list(dataset.chars)
     like = train.build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
     like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
-    got = train.load_latest(run, like)
+    got = train.load_latest(run, like)  # (a streaming run's state follows: not read)
+    if got is None and train.list_checkpoints(run) == [] and (run / "orbax").exists():
+        got = (None, train.load_run(run)[2])  # orbax checkpoints: the whole tree
     if got is None:
         raise GenerateError(f"{run} has no readable checkpoint yet; train it first (or "
                             "continue it with `spinformer run ... --resume`).")

@@ -141,6 +141,15 @@ def test_generate_command(char_run, capsys):
     assert capsys.readouterr().out.rstrip("\n") == text  # same seed, same text
     assert cli.main(args + ["--no-cache"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == text  # the reference path agrees
+    # the run saved its vocabulary: sampling needs no training text
+    assert (char_run / "vocab.json").exists()
+    text_file = char_run.parent / "text.txt"
+    text_file.rename(char_run.parent / "moved.txt")
+    try:
+        assert cli.main(args) == 0
+        assert capsys.readouterr().out.rstrip("\n") == text
+    finally:
+        (char_run.parent / "moved.txt").rename(text_file)
 
 
 def test_generate_command_errors(char_run, tmp_path, capsys):

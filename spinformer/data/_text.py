@@ -205,6 +205,15 @@ class CharText:
         p = resolve_text_path(str(path))
         return cls(read_text_file(p), source=str(p), **kwargs)
 
+    def save(self, out_dir) -> pathlib.Path:
+        """Write the vocabulary (the characters in id order) to `out_dir/vocab.json`, so
+        that a run can be sampled from (`spinformer generate`) without its training text."""
+        import json
+
+        path = pathlib.Path(out_dir) / "vocab.json"
+        path.write_text(json.dumps({"chars": self.chars}, ensure_ascii=False), encoding="utf-8")
+        return path
+
     def encode(self, s: str) -> np.ndarray:
         return np.array([self.stoi[c] for c in s], dtype=np.int32)
 
