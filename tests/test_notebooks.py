@@ -1,7 +1,9 @@
 """Every notebook in notebooks/ runs top to bottom without an error.
 
-By default at small sizes (SPINFORMER_NOTEBOOK_SMALL=1); at the sizes of the committed outputs
-with `pytest -m slow` (minutes per notebook). Notebooks are executed in memory: the files in
+By default at small sizes (SPINFORMER_NOTEBOOK_SMALL=1), except the notebooks in `HEAVY`, whose
+small runs take half a minute or more each and whose pieces the unit tests cover: they run at
+small size with `pytest -m slow`, like every notebook at the sizes of the committed outputs
+(minutes per notebook). Notebooks are executed in memory: the files in
 notebooks/ are never written.
 """
 
@@ -13,6 +15,12 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+# 30-40 s each at small size on 2 cores (training runs, many compilations): `-m slow` only,
+# to keep the default run near 15 minutes
+HEAVY = {"spin_transformer.ipynb", "implicit_attention.ipynb", "neurogame.ipynb",
+         "boltzmann_attention.ipynb"}
+SMALL_RUNS = [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in HEAVY else [])
+              for p in NOTEBOOKS]
 
 
 def _execute(path, tmp_path, monkeypatch, *, small, timeout):
@@ -40,7 +48,7 @@ def _execute(path, tmp_path, monkeypatch, *, small, timeout):
     assert path.read_bytes() == before, f"{path.name} was modified by its execution"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", SMALL_RUNS)
 def test_notebook_executes(path, tmp_path, monkeypatch):
     _execute(path, tmp_path, monkeypatch, small=True, timeout=600)
 

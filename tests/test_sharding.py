@@ -53,6 +53,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a minute on 2 cores (child processes on 1, 2 and 4 simulated devices)
 def test_sharded_step_eval_accumulation_and_bfloat16():
     got = _worker("local")
     steps = {tuple(sorted(r["mesh"].items())): r for r in got["step"]}
