@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
+from . import kinetic
 from ._bessel import inverse_ratio, ratio, ratio_and_over_x, ratio_derivatives
 from ._bessel import bessel_ratio as bessel_ratio
 from ._common import Adjoint, Matrix, Scalar, Solver, Spins, as_float, check_square, solve
@@ -476,10 +477,5 @@ def entropy_production(
 
     **Returns:** a scalar.
     """
-    if jnp.ndim(J) != 2:
-        raise ValueError(f"entropy_production: J must have shape (n, n), got {jnp.shape(J)}.")
-    n = jnp.shape(J)[0]
-    check_square("entropy_production", J, n)
-    check_square("entropy_production", D, n, what="D")
-    J, D, beta = as_float(J, D, beta)
-    return beta * jnp.sum((J - J.T) * D)
+    # the same sum as for binary spins: only the delayed correlations differ
+    return kinetic.entropy_production(J, D, beta=beta)
