@@ -91,7 +91,9 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
 
 
 def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
-                    path: pathlib.Path) -> pathlib.Path:
+                    path: pathlib.Path, extra=None) -> pathlib.Path:
+    """One panel per run, one colour per layer: `name/<layer>` for train (dotted) and val
+    (solid); `extra(ax, records, layer)` draws more per layer."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(6, 3 * len(runs)), squeeze=False,
                              sharex=True)
     for ax, (label, records) in zip(axes[:, 0], runs.items()):
@@ -100,6 +102,8 @@ def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
                 xs, ys = _series(records, split, f"{name}/{layer}")
                 if xs:
                     ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
+            if extra is not None:
+                extra(ax, records, layer)
         ax.set_ylabel(ylabel)
         if label:
             ax.set_title(label, fontsize="small")
@@ -112,29 +116,15 @@ def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
     return path
 
 
+def _backward_products(ax, records, layer) -> None:
+    """Matrix-vector products per adjoint solve (negative where the linear solver does not
+    count them, BiCGStab: not drawn)."""
+    xs, ys = _series(records, "train", f"backward_steps/{layer}")
+    pts = [(x, y) for x, y in zip(xs, ys) if y >= 0]
+    if pts:
+        ax.plot(*zip(*pts), "--", color=f"C{layer}", label=f"layer {layer} backward products")
+
+
 def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> pathlib.Path:
-    fig, axes = plt.subplots(len(runs), 1, figsize=(6, 3 * len(runs)), squeeze=False,
-                             sharex=True)
-    for ax, (label, records) in zip(axes[:, 0], runs.items()):
-        for layer in layers_of(records):
-            for split, style in (("train", ":"), ("val", "-")):
-                xs, ys = _series(records, split, f"solver_steps/{layer}")
-                if xs:
-                    ax.plot(xs, ys, style, color=f"C{layer}", label=f"layer {layer} {split}")
-            # backward: matrix-vector products per adjoint solve (negative where the linear
-            # solver does not count them, BiCGStab: not drawn)
-            xs, ys = _series(records, "train", f"backward_steps/{layer}")
-            pts = [(x, y) for x, y in zip(xs, ys) if y >= 0]
-            if pts:
-                ax.plot(*zip(*pts), "--", color=f"C{layer}",
-                        label=f"layer {layer} backward products")
-        ax.set_ylabel("solver steps")
-        if label:
-            ax.set_title(label, fontsize="small")
-        ax.legend(fontsize="small")
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _plot_per_layer(plt, runs, "solver_steps", "solver steps", path,
+                           extra=_backward_products)
