@@ -43,6 +43,9 @@ import numpy as np
 
 import spinformer as sf
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _stats import t975  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {"brackets": ROOT / "configs/boltzmann_brackets.yaml",
            "chars": ROOT / "configs/boltzmann_shakespeare.yaml"}
@@ -350,14 +353,6 @@ SEED_GAPS = {
     ("chars", 128, "J"): {4: -1.76, 8: -7.20, 12: -12.25},
 }
 # two-sided 95% Student t quantiles by degrees of freedom
-_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-         10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 29: 2.05}
-
-
-def _t975(df):
-    return _T975.get(df) or _T975[max(k for k in _T975 if k <= df)]
-
-
 def _paired_gaps(rows, task, ffn, T, mode, base, metric, scale):
     """Per-seed gaps of `mode` to `base` over the seeds both finished (same seed = same data
     order and initial projections)."""
@@ -385,7 +380,7 @@ def _verdict(rows):
             if len(gaps) < 2:
                 continue
             mu, sd, n = _stat(gaps)
-            half = _t975(n - 1) * sd / np.sqrt(n)
+            half = t975(n - 1) * sd / np.sqrt(n)
             sign = "yes" if mu - half > 0 else "no" if mu + half < 0 else "?"
             seed_gap = SEED_GAPS.get((task, ffn, mode), {}).get(T)
             seed_txt = "—" if seed_gap is None else f"{seed_gap:+.2f}"

@@ -43,6 +43,9 @@ import numpy as np
 
 import spinformer as sf
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _stats import mean_ci  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # name -> (config, overrides, label)
 VARIANTS = {
@@ -57,9 +60,6 @@ VARIANTS = {
                            "implicit, softmax-amortised couplings"),
 }
 MAIN = ("softmax", "implicit", "free_energy")
-_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-         10: 2.23}
-
 
 def config_for(variant: str, seed: int, quick: bool = False, steps=None):
     name, overrides, _ = VARIANTS[variant]
@@ -197,14 +197,6 @@ def cmd_run(args):
                   f"{test['accuracy']:.4f} ({time.time() - t0:.0f} s)", flush=True)
 
 
-def _ci(values):
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return float(v.mean()) if len(v) else float("nan"), float("nan")
-    t = _T975.get(len(v) - 1, 2.0)
-    return float(v.mean()), float(t * v.std(ddof=1) / np.sqrt(len(v)))
-
-
 def _solver_trace(run_dir: pathlib.Path) -> dict:
     """Forward/backward solver steps over training (train records): the mean over the first
     and last 10% of the logged steps, the largest logged value, and the failure fraction in
@@ -274,7 +266,7 @@ def cmd_report(args):
             continue
         acc = np.array([r["test"]["accuracy"] for r in got.values()]) * 100
         gaps = [(got[s]["test"]["accuracy"] - base[s]) * 100 for s in got if s in base]
-        g, h = _ci(gaps)
+        g, h = mean_ci(gaps)
         gap = "–" if variant == "softmax" or not gaps else f"{g:+.2f} [{g - h:+.2f}, {g + h:+.2f}]"
         tr = [r["trace"] for r in got.values() if r["trace"]]
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
 import equinox as eqx
@@ -41,6 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import spinformer as sf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASE = ROOT / "configs/nli_softmax.yaml"
@@ -85,9 +89,6 @@ VARIANTS = {
                   "NGT per-query games in the encoder (extension), mean pool"),
 }
 TEST_BATCHES = 16
-_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-         10: 2.23, 14: 2.14, 19: 2.09, 29: 2.05}
-
 
 def config_for(variant: str, seed: int, quick: bool, steps=None):
     cfg = sf.config.load_config(BASE)
@@ -196,14 +197,6 @@ def _load(runs: pathlib.Path):
     return rows
 
 
-def _ci(values):
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return float(v.mean()) if len(v) else float("nan"), float("nan")
-    t = _T975.get(len(v) - 1) or _T975[max(k for k in _T975 if k <= len(v) - 1)]
-    return float(v.mean()), float(t * v.std(ddof=1) / np.sqrt(len(v)))
-
-
 def cmd_report(args):
     dirs = [pathlib.Path(d) for d in args.runs.split(",")]  # several sweeps may be merged
     results = pathlib.Path(args.results)
@@ -243,7 +236,7 @@ def cmd_report(args):
         acc = [r["test"]["accuracy"] for r in got.values()]
         val = [r["summary"]["metrics"]["accuracy"] for r in got.values()]
         gaps = [got[s]["test"]["accuracy"] - base[s] for s in got if s in base]
-        g, h = _ci(gaps)
+        g, h = mean_ci(gaps)
         interval = (f" [{100 * (g - h):+.1f}, {100 * (g + h):+.1f}]" if len(gaps) > 1
                     else "")
         gap = "—" if variant == ref or not gaps else (

@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
+import sys
 
 import numpy as np
 
 import spinformer as sf
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _stats import mean_ci  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "shakespeare_stream.yaml"
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 def variants(weight: float) -> dict[str, dict]:
@@ -74,12 +76,6 @@ def cmd_run(args) -> None:
                   f"{summary['wall_time_s']:.0f} s", flush=True)
 
 
-def _interval(x: np.ndarray) -> tuple[float, float]:
-    if len(x) < 2:
-        return float(x.mean()), float("nan")
-    return float(x.mean()), T95.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x))
-
-
 def cmd_report(args) -> None:
     runs = pathlib.Path(args.runs)
     rows: dict[str, dict[int, dict]] = {}
@@ -108,7 +104,7 @@ def cmd_report(args) -> None:
                   for i in range(depth)]
         common = sorted(set(r) & set(rows.get("stream", {})))
         gap = np.array([r[s]["loss"] - rows["stream"][s]["loss"] for s in common])
-        gmean, ghalf = _interval(gap) if len(gap) else (float("nan"), float("nan"))
+        gmean, ghalf = mean_ci(gap) if len(gap) else (float("nan"), float("nan"))
         gap_txt = "—" if name == "stream" or not len(gap) else f"{gmean:+.4f} ± {ghalf:.4f}"
         lines.append(f"| {name} | {len(loss)} | {loss.mean():.4f} ± {loss.std():.4f} | "
                      f"{gap_txt} | {np.nanmean(sig):.3f} ± {np.nanstd(sig):.3f} | "
