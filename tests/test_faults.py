@@ -999,6 +999,7 @@ def _signal_mid_run(tmp_path, name, sig, steps):
     return path, proc, err
 
 
+@pytest.mark.slow  # 25 s; SIGINT (below) and test_train's kill-and-resume cover the default run
 def test_sigterm_checkpoints_and_resume_is_bit_identical(tmp_path):
     steps = 800
     path, cut, err = _signal_mid_run(tmp_path, "cut", signal.SIGTERM, steps)

@@ -94,6 +94,7 @@ def _two_processes(tmp_path, variant):
     return recs
 
 
+@pytest.mark.slow  # 35 s of child processes; the orbax test below resumes a sharded run
 def test_sharded_resume_is_bit_identical_and_two_processes_train_as_one(tmp_path):
     """A sharded run resumes bit-identically (and on another mesh to float tolerance); two
     processes of 2 devices each (gloo over loopback) reach the parameters of one 4-device
