@@ -181,6 +181,61 @@ def test_spin_gradients_implicit_vs_unrolled_vs_fd(update, getkey, x64):
     np.testing.assert_allclose(jnp.sum(grads["implicit"] * v), fd, rtol=1e-5)
 
 
+def test_spin_temperature_coupling_and_value_options(getkey, x64):
+    """A learned per-head β equals the fixed-β model (TAP steady state: the whole Plefka
+    expansion, not one formula against itself), `coupling_scale` multiplies the couplings of
+    the physics, `value_proj` / `normalize_fields` shape the fields, and the gradient of the
+    learned temperatures matches a finite difference."""
+    x = jax.random.normal(getkey(), (5, 16))
+    k = getkey()
+    gains = jnp.array([1.7, 0.6])
+    learned = _spin(16, 2, k, causal=True, learn_beta=True, **TIGHT)
+    learned = eqx.tree_at(lambda m: m.log_beta, learned, jnp.log(gains))
+    np.testing.assert_allclose(learned.head_betas(), gains, rtol=1e-12)
+    y = call(learned, x)
+    for h, g in enumerate(gains):
+        fixed = _spin(16, 2, k, causal=True, beta=float(g), **TIGHT)
+        sl = slice(8 * h, 8 * h + 8)
+        # out_proj is off: head h's output columns are head h's magnetizations
+        np.testing.assert_allclose(y[:, sl], call(fixed, x)[:, sl], atol=1e-6)
+
+    attn = _spin(16, 2, k, update="mean_field", mode="steps", num_steps=1, beta=1.5,
+                 coupling_scale=2.5)
+    _, diag = call(attn, x, return_diagnostics=True)
+    np.testing.assert_allclose(diag.couplings.sum(-1), 1.0, rtol=1e-10)  # reported: softmax
+    xh, R = attn.fields(x), attn.radius
+    for h in range(2):
+        m0 = vector.magnetization(xh[h], beta=1.5, R=R)
+        want = vector.mean_field_step(m0, xh[h], 2.5 * diag.couplings[h], beta=1.5, R=R)
+        np.testing.assert_allclose(diag.magnetizations[h], want, rtol=1e-10)
+
+    valued = _spin(16, 2, k, value_proj=True)
+    v = jax.vmap(valued.to_v)(x).reshape(5, 2, 8).transpose(1, 0, 2)
+    np.testing.assert_allclose(valued.fields(x),
+                               valued.radius * v / jnp.linalg.norm(v, axis=-1, keepdims=True),
+                               rtol=1e-10)
+    raw = _spin(16, 2, k, normalize_fields=False)
+    np.testing.assert_allclose(raw.fields(x), x.reshape(5, 2, 8).transpose(1, 0, 2))
+
+    mf = _spin(16, 2, k, causal=True, update="mean_field", learn_beta=True, value_proj=True,
+               solver=solvers.Anderson(tol=1e-10, max_steps=200),
+               adjoint=solvers.Implicit(tol=1e-10))
+
+    @eqx.filter_jit
+    def loss(a):
+        return jnp.sum(jnp.sin(a(x)))
+
+    g = eqx.filter_jit(eqx.filter_grad(loss))(mf).log_beta
+    eps = 1e-5
+    for h in range(2):
+        shift = lambda s: eqx.tree_at(lambda m: m.log_beta, mf, mf.log_beta.at[h].add(s))  # noqa
+        fd = (loss(shift(eps)) - loss(shift(-eps))) / (2 * eps)
+        np.testing.assert_allclose(g[h], fd, rtol=1e-5)
+        assert abs(float(g[h])) > 1e-3
+    with pytest.raises(ValueError, match="coupling_scale"):
+        _spin(16, 2, k, coupling_scale=0.0)
+
+
 def test_spin_errors(getkey):
     with pytest.raises(ValueError, match="must be > 2"):
         nn.SpinAttention(8, 4, key=getkey())

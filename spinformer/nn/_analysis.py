@@ -249,8 +249,9 @@ def fixed_point_analysis(
     if jnp.ndim(x) != 2 or jnp.shape(x)[-1] != attention.dim:
         raise ValueError(f"fixed_point_analysis: x must have shape (n, {attention.dim}); got "
                          f"{jnp.shape(x)}. Analyse one example per call.")
-    J = attention.couplings(x, mask=mask)
-    xh = attention.fields(x)
+    # with learned per-head temperatures the fields and couplings carry exp(a_h) (see
+    # SpinAttention.learn_beta), so the analysis sees the system the layer solves
+    xh, J = attention._gain(attention.fields(x), attention.couplings(x, mask=mask))
     keys = jax.random.split(key, attention.num_heads)
 
     def one(xx, jj, k):

@@ -75,6 +75,14 @@ class SpinConfig:
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
                             "(x -> x + FFN(x)); 0 for none")
+    value_proj: bool = option(False, "pass the input through a learned linear map before it "
+                              "becomes the external fields (the spin analogue of values)")
+    normalize_fields: bool = option(True, "rescale each head's field to norm R (Bal, "
+                                    "\"Spin-Model Transformers\"); false keeps the magnitudes")
+    learn_beta: bool = option(False, "learn one inverse temperature per head, "
+                              "beta_h = beta * exp(a_h), a_h initialised at 0")
+    coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
+                                   "sqrt(D_h)) (rows sum to c instead of 1)")
 
     def __post_init__(self):
         if not (self.num_steps >= 1 and self.adjoint_restart >= 1 and self.max_steps >= 1):
@@ -83,6 +91,8 @@ class SpinConfig:
                               ">= 1.")
         if not (self.tol > 0 and self.adjoint_tol > 0):
             raise ConfigError(f"tol={self.tol} and adjoint_tol={self.adjoint_tol} must be > 0.")
+        if not self.coupling_scale > 0:
+            raise ConfigError(f"coupling_scale={self.coupling_scale} must be > 0.")
         if not self.field_ffn >= 0:
             raise ConfigError(f"field_ffn={self.field_ffn} must be >= 0.")
 
@@ -136,6 +146,15 @@ class SpinAttention(eqx.Module):
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).
     - `normalize_fields`: rescale each head's field to norm R (as in Bal, "Spin-Model
       Transformers").
+    - `value_proj`: pass the input through a learned `D × D` map before it becomes the fields
+      (the analogue of softmax attention's values; the fields are then `W_v x`).
+    - `learn_beta`: learn one inverse temperature per head, `β_h = beta · exp(a_h)` with
+      `a_h` initialised at 0. Implemented exactly as β fixed and the head's fields and
+      couplings scaled by `exp(a_h)`: the model with (β, x, J) equals the model with
+      (1, βx, βJ) at every order of the mean-field expansion (tested against the TAP and
+      first-order maps), so every solver, adjoint and diagnostic sees an ordinary system.
+    - `coupling_scale`: the coupling strength c, `J = c · softmax(·)`: each spin feels the
+      others with total weight c against its own field's weight 1.
     - `key`: PRNG key.
     """
 
@@ -144,7 +163,10 @@ class SpinAttention(eqx.Module):
     out_proj: Optional[eqx.nn.Linear]
     field_mlp: Optional[FeedForward]
     m_init: Optional[Float[Array, "h dh"]]
+    to_v: Optional[eqx.nn.Linear]
+    log_beta: Optional[Float[Array, " h"]]
     beta: float
+    coupling_scale: float
     solver: solvers.AbstractSolver
     adjoint: solvers.AbstractAdjoint
     dim: int = eqx.field(static=True)
@@ -170,6 +192,9 @@ class SpinAttention(eqx.Module):
         output_proj: bool = False,
         field_ffn: int = 0,
         normalize_fields: bool = True,
+        value_proj: bool = False,
+        learn_beta: bool = False,
+        coupling_scale: float = 1.0,
         key: PRNGKeyArray,
     ):
         check_heads("SpinAttention", dim, num_heads)
@@ -189,6 +214,8 @@ class SpinAttention(eqx.Module):
             raise ValueError(f"SpinAttention: num_steps={num_steps} must be >= 1.")
         if not beta > 0:
             raise ValueError(f"SpinAttention: beta={beta} must be > 0.")
+        if not coupling_scale > 0:
+            raise ValueError(f"SpinAttention: coupling_scale={coupling_scale} must be > 0.")
         kq, kk, ko, kf, km = jax.random.split(key, 5)
         self.to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
         self.to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)
@@ -196,7 +223,11 @@ class SpinAttention(eqx.Module):
         self.field_mlp = FeedForward(dim, field_ffn, key=kf) if field_ffn > 0 else None
         dh = dim // num_heads
         self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned" else None
+        self.to_v = (eqx.nn.Linear(dim, dim, use_bias=False, key=jax.random.fold_in(kq, 1))
+                     if value_proj else None)
+        self.log_beta = jnp.zeros((num_heads,)) if learn_beta else None
         self.beta, self.solver, self.throw = beta, solver, throw
+        self.coupling_scale = coupling_scale
         # the adjoint records its backward solves (see solvers.record_backward)
         self.adjoint = solvers.record_backward(adjoint)
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
@@ -211,6 +242,8 @@ class SpinAttention(eqx.Module):
             beta=section.beta, update=section.update, mode=section.mode,
             num_steps=section.num_steps, init=section.init, solver=solver, adjoint=adjoint,
             output_proj=section.output_proj, field_ffn=section.field_ffn,
+            value_proj=section.value_proj, normalize_fields=section.normalize_fields,
+            learn_beta=section.learn_beta, coupling_scale=section.coupling_scale,
         )
 
     @property
@@ -238,11 +271,31 @@ class SpinAttention(eqx.Module):
         """Per-head external fields: the input's subspaces (plus FFN(x)), norm R each."""
         if self.field_mlp is not None:
             x = x + jax.vmap(self.field_mlp)(x)
+        if self.to_v is not None:
+            x = jax.vmap(self.to_v)(x)
         xh = split_heads(x, self.num_heads)
         if self.normalize_fields:
             norm = jnp.sqrt(jnp.sum(xh**2, axis=-1, keepdims=True) + 1e-12)
             xh = self.radius * xh / norm
         return xh
+
+    def head_betas(self) -> Float[Array, " h"]:
+        """The inverse temperature of each head `(H,)`: `beta`, times `exp(a_h)` if learned."""
+        b = jnp.full((self.num_heads,), self.beta)
+        return b if self.log_beta is None else b * jnp.exp(self.log_beta)
+
+    def _gain(self, xh, J=None):
+        """The fields `(H, ..., D_h)` and couplings `(H, ...)` the spins feel: the couplings
+        times `coupling_scale`, and both times the learned exp(a_h) (the system with β_h
+        equals the system with β and fields and couplings scaled by exp(a_h))."""
+        if J is not None and self.coupling_scale != 1.0:
+            J = J * self.coupling_scale
+        if self.log_beta is not None:
+            g = jnp.exp(self.log_beta).astype(xh.dtype)
+            xh = xh * g.reshape((-1,) + (1,) * (xh.ndim - 1))
+            if J is not None:
+                J = J * g.reshape((-1,) + (1,) * (J.ndim - 1))
+        return xh if J is None else (xh, J)
 
     def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
                  mask: Optional[Bool[Array, "n s"]] = None,
@@ -269,14 +322,15 @@ class SpinAttention(eqx.Module):
         `(output, diagnostics)`.
         """
         del key
-        J = self.couplings(x, context, mask)
-        xh = self.fields(x)
+        J_out = self.couplings(x, context, mask)
+        xh_out = self.fields(x)
+        xh, J = self._gain(xh_out, J_out)
         beta, R = self.beta, self.radius
 
         if context is not None:
             # The context spins are driven by their own fields and feel no couplings; the
             # decoder spins feel them through J as the previous time step's magnetizations.
-            ch = self.fields(context)
+            ch = self._gain(self.fields(context))
             m_prev = vector.magnetization(ch, beta=beta, R=R)
             m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(mp, cc, xx, jj))(
                 xh, J, ch, m_prev
@@ -285,7 +339,7 @@ class SpinAttention(eqx.Module):
             m, stats = jax.vmap(self._steady_state)(xh, J)
             m_prev = m
         else:
-            m0 = self._initial_state(xh, state)
+            m0 = self._initial_state(xh, state)  # φ of the gained fields: β_h's φ(x)
             m, m_prev, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
                 xh, J, m0
             )
@@ -296,7 +350,7 @@ class SpinAttention(eqx.Module):
             corr = sigma = None
             if context is None:
                 corr, sigma = self.nonequilibrium(m, m_prev, J)
-            return y, Diagnostics(couplings=J, magnetizations=m, fields=xh, state=out,
+            return y, Diagnostics(couplings=J_out, magnetizations=m, fields=xh_out, state=out,
                                   solver=stats, delayed_correlations=corr,
                                   entropy_production=sigma)
         return y
@@ -411,6 +465,7 @@ class SpinAttention(eqx.Module):
         scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
         J = masked_softmax(scores[:, None], visible[None])[:, 0]  # (H, L), zero after pos
         xh = self.fields(x[None])[:, 0]  # (H, D_h)
+        xh, J = self._gain(xh, J)
         beta, R = self.beta, self.radius
         if self.mode == "fixed_point":
             m, failed = jax.vmap(lambda xx, jj, M: self._decode_ness(xx, jj, M, pos))(

@@ -1,0 +1,270 @@
+"""Why the spin transformer learned worse than softmax, and what fixes it: ablations of spin
+attention on the quickstart bracket task and on character-level Shakespeare, over seeds.
+
+    python experiments/spin_lm.py run --suite quickstart             # every unfinished run
+    python experiments/spin_lm.py run --suite quickstart --variants softmax,spin --seeds 0,1,2
+    python experiments/spin_lm.py report --suite quickstart          # table + curves
+    python experiments/spin_lm.py run --suite shakespeare --data .data/shakespeare.txt
+
+Each variant is a set of config overrides on the suite's base config (`configs/spin_lm/`);
+`spin` is the base config as shipped (the library defaults), `softmax` the same model with
+softmax attention, and every other variant changes one or two options of `spin` (or of the
+older defaults, `old`: β = 1, fields normalised to norm R, no value map).
+
+Runs go to `--runs/<suite>/<variant>_s<seed>`; a run with a `summary.json` is skipped and a
+run killed midway resumes from its checkpoint, so the sweep can be stopped and restarted.
+`report` writes `<suite>.md`, `<suite>.json` and `<suite>_curves.png` into `--results`
+(default `experiments/results/spin_lm`): the final metric per variant (mean ± std over seeds,
+parameters, wall time) and paired gaps to `softmax` and to `spin` on the seeds both have, with
+95 % t-intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+import spinformer as sf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _stats import mean_ci  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+S2 = {"model.spin.mode": "steps", "model.spin.update": "mean_field", "model.spin.num_steps": 2}
+
+# the options that were the defaults before this study (the "old" spin transformer)
+OLD = {"model.spin.value_proj": False, "model.spin.normalize_fields": True,
+       "model.spin.beta": 1.0, "model.spin.learn_beta": False, "model.spin.coupling_scale": 1.0}
+
+SUITES = {
+    "quickstart": {
+        "config": ROOT / "configs" / "quickstart.yaml",
+        "metric": "accuracy", "higher": True, "steps": 1500,
+        "variants": {
+            "softmax": {"model.attention": "softmax"},
+            "softmax_lr3": {"model.attention": "softmax", "train.lr": 3e-3},
+            "softmax_lr6": {"model.attention": "softmax", "train.lr": 6e-3},
+            "spin": {},
+            "old": OLD,
+            "old_beta2": {**OLD, "model.spin.beta": 2.0},
+            "old_beta4": {**OLD, "model.spin.beta": 4.0},
+            "old_value": {**OLD, "model.spin.value_proj": True},
+            "old_raw_fields": {**OLD, "model.spin.normalize_fields": False},
+            "old_learn_beta": {**OLD, "model.spin.learn_beta": True},
+            "old_value_raw": {**OLD, "model.spin.value_proj": True,
+                              "model.spin.normalize_fields": False},
+            "old_value_learn_beta": {**OLD, "model.spin.value_proj": True,
+                                     "model.spin.learn_beta": True},
+            "b2_value": {**OLD, "model.spin.beta": 2.0, "model.spin.value_proj": True},
+            "b2_learn_beta": {**OLD, "model.spin.beta": 2.0, "model.spin.learn_beta": True},
+            "b3": {**OLD, "model.spin.beta": 3.0},
+            "b2_steps1": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
+                          "model.spin.update": "mean_field", "model.spin.num_steps": 1},
+            "b2_steps2": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
+                          "model.spin.update": "mean_field", "model.spin.num_steps": 2},
+            "b2_tap_steps2": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
+                              "model.spin.num_steps": 2},
+            "b2_steps2_lr6": {**OLD, **S2, "model.spin.beta": 2.0, "train.lr": 6e-3},
+            "b2_steps2_clr": {**OLD, **S2, "model.spin.beta": 2.0, "train.coupling_lr": 3e-3},
+            "b2_steps2_lr10": {**OLD, **S2, "model.spin.beta": 2.0, "train.lr": 1e-2},
+            "b2_lr6": {**OLD, "model.spin.beta": 2.0, "train.lr": 6e-3},
+            "b1_steps2_lr6": {**OLD, **S2, "train.lr": 6e-3},
+            "b4_steps2": {**OLD, **S2, "model.spin.beta": 4.0},
+            "b2_steps3": {**OLD, **S2, "model.spin.beta": 2.0, "model.spin.num_steps": 3},
+            "c2_steps2": {**OLD, **S2, "model.spin.coupling_scale": 2.0},
+            "b2c2_steps2": {**OLD, **S2, "model.spin.beta": 2.0, "model.spin.coupling_scale": 2.0},
+            "no_value": {"model.spin.value_proj": False},
+            "normalized": {"model.spin.normalize_fields": True},
+            "fixed_beta": {"model.spin.learn_beta": False},
+            "mean_field": {"model.spin.update": "mean_field"},
+            "steps2": {"model.spin.mode": "steps", "model.spin.update": "mean_field",
+                       "model.spin.num_steps": 2},
+            "no_out_proj": {"model.spin.output_proj": False},
+            "field_ffn": {"model.spin.field_ffn": 64},
+            "tol_1e-4": {"model.spin.tol": 1e-4, "model.spin.adjoint_tol": 1e-4},
+            "coupling_lr_eq": {"train.coupling_lr": 3e-3},
+        },
+    },
+    "shakespeare": {
+        "config": ROOT / "configs" / "spin_lm" / "shakespeare_spin.yaml",
+        "metric": "loss", "higher": False, "steps": 3000,
+        "variants": {
+            "softmax": {"model.attention": "softmax"},
+            "spin": {},
+            "old": OLD,
+            "tap_ness": {"model.spin.mode": "fixed_point", "model.spin.update": "tap"},
+            "steps1": {"model.spin.num_steps": 1},
+        },
+    },
+}
+
+
+def base_changes(args, suite: dict, seed: int) -> dict:
+    steps = args.steps or suite["steps"]
+    changes = {"train.steps": steps, "train.seed": seed, "data.seed": seed,
+               "train.patience": 0, "train.checkpoint_every": max(steps // 3, 1),
+               "train.progress": False}
+    if args.data:
+        changes["data.path"] = args.data
+    return changes
+
+
+def _seeds(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s.strip()]
+
+
+def cmd_run(args) -> None:
+    suite = SUITES[args.suite]
+    runs = pathlib.Path(args.runs) / args.suite
+    cfg0 = sf.config.load_config(suite["config"])
+    names = args.variants.split(",") if args.variants else list(suite["variants"])
+    unknown = [n for n in names if n not in suite["variants"]]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; the suite {args.suite!r} has "
+                         f"{list(suite['variants'])}.")
+    for seed in _seeds(args.seeds):
+        for name in names:
+            out = runs / f"{name}_s{seed}"
+            if (out / "summary.json").exists():
+                continue
+            cfg = cfg0.replace({**base_changes(args, suite, seed), **suite["variants"][name]})
+            summary = sf.train.run(cfg, out, resume=out.exists())
+            m = summary["metrics"]
+            print(f"{args.suite}/{out.name}: {suite['metric']} {m[suite['metric']]:.4f}, "
+                  f"{summary['wall_time_s']:.0f} s", flush=True)
+
+
+def _gap(rows, name, ref, metric):
+    common = sorted(set(rows[name]) & set(rows.get(ref, {})))
+    gap = [rows[name][s]["metrics"][metric] - rows[ref][s]["metrics"][metric] for s in common]
+    return mean_ci(gap), len(common)
+
+
+def _curves(runs: pathlib.Path, name: str, seeds, metric: str):
+    out = []
+    for s in seeds:
+        steps, vals = [], []
+        for line in (runs / f"{name}_s{s}" / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r.get("split") == "val" and metric in r:
+                steps.append(r["step"])
+                vals.append(r[metric])
+        out.append((steps, vals))
+    return out
+
+
+def cmd_report(args) -> None:
+    suite = SUITES[args.suite]
+    metric, higher = suite["metric"], suite["higher"]
+    runs = pathlib.Path(args.runs) / args.suite
+    rows: dict[str, dict[int, dict]] = {}
+    for p in sorted(runs.glob("*_s*/summary.json")):
+        name, seed = p.parent.name.rsplit("_s", 1)
+        rows.setdefault(name, {})[int(seed)] = json.loads(p.read_text())
+    if not rows:
+        raise SystemExit(f"no finished runs under {runs}; run `... run` first.")
+    order = [v for v in suite["variants"] if v in rows]
+    scale, unit = (100.0, " (%)") if metric == "accuracy" else (1.0, "")
+    extra = "perplexity" if metric == "loss" else None
+    lines = [f"# Spin-attention ablations: {args.suite}", "",
+             f"Validation {metric}{unit} at the end of training, mean ± std over seeds"
+             + (f" (and validation perplexity)" if extra else "")
+             + "; paired gaps (variant − reference) on the seeds both have, mean ± the "
+             "half-width of the 95 % t-interval. Base config: "
+             f"`{suite['config'].relative_to(ROOT)}`.", "",
+             f"| variant | changes | seeds | {metric}{unit} | "
+             + ("perplexity | " if extra else "")
+             + "gap to softmax | gap to spin | params | s/run |",
+             "|---|---|---|---|" + ("---|" if extra else "") + "---|---|---|---|"]
+    result = {}
+    for name in order:
+        r = rows[name]
+        v = np.array([x["metrics"][metric] for x in r.values()]) * scale
+        wall = np.mean([x["wall_time_s"] for x in r.values()])
+        params = next(iter(r.values())).get("num_params", 0)
+        gaps = {}
+        cells = []
+        for ref in ("softmax", "spin"):
+            (g, h), k = _gap(rows, name, ref, metric)
+            gaps[ref] = [g * scale, h * scale, k]
+            cells.append("—" if name == ref or k == 0 else
+                         f"{g * scale:+.2f} ± {h * scale:.2f}" if k > 1 else
+                         f"{g * scale:+.2f} (1 seed)")
+        changes = ", ".join(f"{k.split('.')[-1]}={val}" for k, val in
+                            suite["variants"][name].items()) or "(base config)"
+        ppl = ""
+        if extra:
+            p = np.array([x["metrics"][extra] for x in r.values()])
+            ppl = f"{p.mean():.3f} ± {p.std():.3f} | "
+        lines.append(f"| {name} | {changes} | {len(v)} | {v.mean():.2f} ± {v.std():.2f} | "
+                     f"{ppl}{cells[0]} | {cells[1]} | {params:,} | {wall:.0f} |")
+        result[name] = {"changes": suite["variants"][name], "seeds": sorted(r),
+                        metric: (v / scale).tolist(), "gap_to_softmax": gaps["softmax"],
+                        "gap_to_spin": gaps["spin"], "num_params": params,
+                        "wall_time_s": float(wall)}
+        if extra:
+            result[name][extra] = [x["metrics"][extra] for x in r.values()]
+    better = "higher" if higher else "lower"
+    lines += ["", f"A positive gap means the variant's {metric} is higher ({better} is better)."]
+    out = pathlib.Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.suite}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.suite}.json").write_text(json.dumps(result, indent=2))
+    print("\n".join(lines))
+    _plot(runs, rows, order, metric, out / f"{args.suite}_curves.png", scale)
+
+
+def _plot(runs, rows, order, metric, path, scale) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    show = [n for n in order if n in ("softmax", "spin", "old")] + \
+        [n for n in order if n not in ("softmax", "spin", "old")][:5]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in show:
+        curves = _curves(runs, name, sorted(rows[name]), metric)
+        n = min(len(c[0]) for c in curves)
+        if n == 0:
+            continue
+        steps = curves[0][0][:n]
+        vals = np.array([c[1][:n] for c in curves]) * scale
+        lw = 2.2 if name in ("softmax", "spin") else 1.0
+        line, = ax.plot(steps, vals.mean(0), lw=lw, label=f"{name} ({len(curves)} seeds)")
+        if len(curves) > 1:
+            ax.fill_between(steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"validation {metric}" + (" (%)" if scale != 1 else ""))
+    ax.set_title("mean over seeds; band: min–max")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("command", choices=("run", "report", "all"))
+    p.add_argument("--suite", choices=tuple(SUITES), default="quickstart")
+    p.add_argument("--variants", help="comma-separated variant names (default: all)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: the suite's)")
+    p.add_argument("--data", help="the text file for the shakespeare suite (default: the "
+                   "fetched Shakespeare)")
+    p.add_argument("--runs", default=str(ROOT / "runs" / "spin_lm"))
+    p.add_argument("--results", default=str(ROOT / "experiments" / "results" / "spin_lm"))
+    args = p.parse_args(argv)
+    if args.command in ("run", "all"):
+        cmd_run(args)
+    if args.command in ("report", "all"):
+        cmd_report(args)
+
+
+if __name__ == "__main__":
+    main()
