@@ -36,57 +36,52 @@ from _stats import mean_ci  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 S2 = {"model.spin.mode": "steps", "model.spin.update": "mean_field", "model.spin.num_steps": 2}
 
-# the options that were the defaults before this study (the "old" spin transformer)
-OLD = {"model.spin.value_proj": False, "model.spin.normalize_fields": True,
-       "model.spin.beta": 1.0, "model.spin.learn_beta": False, "model.spin.coupling_scale": 1.0}
+# the previous quickstart (β = 1, learning rate 3e-3), and its learning rate alone
+OLD = {"model.spin.beta": 1.0, "train.lr": 3e-3}
+LR3 = {"train.lr": 3e-3}
+S2 = {"model.spin.mode": "steps", "model.spin.update": "mean_field", "model.spin.num_steps": 2}
 
 SUITES = {
     "quickstart": {
         "config": ROOT / "configs" / "quickstart.yaml",
         "metric": "accuracy", "higher": True, "steps": 1500,
         "variants": {
+            # the defaults and one change from them
             "softmax": {"model.attention": "softmax"},
-            "softmax_lr3": {"model.attention": "softmax", "train.lr": 3e-3},
-            "softmax_lr6": {"model.attention": "softmax", "train.lr": 6e-3},
             "spin": {},
+            "beta1": {"model.spin.beta": 1.0},
+            "beta4": {"model.spin.beta": 4.0},
+            "learn_beta": {"model.spin.learn_beta": True},
+            "value": {"model.spin.value_proj": True},
+            "mean_field": {"model.spin.update": "mean_field"},
+            "steps2": S2,
+            "b2_lr6": {"train.lr": 6e-3},
+            # the previous learning rate (3e-3) and the probes that found the two levers
+            "softmax_lr3": {"model.attention": "softmax", **LR3},
+            "softmax_lr6": {"model.attention": "softmax", "train.lr": 6e-3},
             "old": OLD,
-            "old_beta2": {**OLD, "model.spin.beta": 2.0},
+            "old_beta2": LR3,
+            "b3": {**OLD, "model.spin.beta": 3.0},
             "old_beta4": {**OLD, "model.spin.beta": 4.0},
             "old_value": {**OLD, "model.spin.value_proj": True},
             "old_raw_fields": {**OLD, "model.spin.normalize_fields": False},
-            "old_learn_beta": {**OLD, "model.spin.learn_beta": True},
             "old_value_raw": {**OLD, "model.spin.value_proj": True,
                               "model.spin.normalize_fields": False},
+            "old_learn_beta": {**OLD, "model.spin.learn_beta": True},
             "old_value_learn_beta": {**OLD, "model.spin.value_proj": True,
                                      "model.spin.learn_beta": True},
-            "b2_value": {**OLD, "model.spin.beta": 2.0, "model.spin.value_proj": True},
-            "b2_learn_beta": {**OLD, "model.spin.beta": 2.0, "model.spin.learn_beta": True},
-            "b3": {**OLD, "model.spin.beta": 3.0},
-            "b2_steps1": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
-                          "model.spin.update": "mean_field", "model.spin.num_steps": 1},
-            "b2_steps2": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
-                          "model.spin.update": "mean_field", "model.spin.num_steps": 2},
-            "b2_tap_steps2": {**OLD, "model.spin.beta": 2.0, "model.spin.mode": "steps",
-                              "model.spin.num_steps": 2},
-            "b2_steps2_lr6": {**OLD, **S2, "model.spin.beta": 2.0, "train.lr": 6e-3},
-            "b2_steps2_clr": {**OLD, **S2, "model.spin.beta": 2.0, "train.coupling_lr": 3e-3},
-            "b2_steps2_lr10": {**OLD, **S2, "model.spin.beta": 2.0, "train.lr": 1e-2},
-            "b2_lr6": {**OLD, "model.spin.beta": 2.0, "train.lr": 6e-3},
-            "b1_steps2_lr6": {**OLD, **S2, "train.lr": 6e-3},
-            "b4_steps2": {**OLD, **S2, "model.spin.beta": 4.0},
-            "b2_steps3": {**OLD, **S2, "model.spin.beta": 2.0, "model.spin.num_steps": 3},
+            "b2_value": {**LR3, "model.spin.value_proj": True},
+            "b2_learn_beta": {**LR3, "model.spin.learn_beta": True},
+            "b2_steps1": {**LR3, **S2, "model.spin.num_steps": 1},
+            "b2_steps2": {**LR3, **S2},
+            "b2_steps3": {**LR3, **S2, "model.spin.num_steps": 3},
+            "b2_tap_steps2": {**LR3, "model.spin.mode": "steps", "model.spin.num_steps": 2},
+            "b2_steps2_clr": {**LR3, **S2, "train.coupling_lr": 3e-3},
+            "b4_steps2": {**LR3, **S2, "model.spin.beta": 4.0},
             "c2_steps2": {**OLD, **S2, "model.spin.coupling_scale": 2.0},
-            "b2c2_steps2": {**OLD, **S2, "model.spin.beta": 2.0, "model.spin.coupling_scale": 2.0},
-            "no_value": {"model.spin.value_proj": False},
-            "normalized": {"model.spin.normalize_fields": True},
-            "fixed_beta": {"model.spin.learn_beta": False},
-            "mean_field": {"model.spin.update": "mean_field"},
-            "steps2": {"model.spin.mode": "steps", "model.spin.update": "mean_field",
-                       "model.spin.num_steps": 2},
-            "no_out_proj": {"model.spin.output_proj": False},
-            "field_ffn": {"model.spin.field_ffn": 64},
-            "tol_1e-4": {"model.spin.tol": 1e-4, "model.spin.adjoint_tol": 1e-4},
-            "coupling_lr_eq": {"train.coupling_lr": 3e-3},
+            "b2c2_steps2": {**LR3, **S2, "model.spin.coupling_scale": 2.0},
+            "b2_steps2_lr6": {**S2, "train.lr": 6e-3},
+            "b1_steps2_lr6": {**S2, "model.spin.beta": 1.0, "train.lr": 6e-3},
         },
     },
     "shakespeare": {
@@ -95,7 +90,7 @@ SUITES = {
         "variants": {
             "softmax": {"model.attention": "softmax"},
             "spin": {},
-            "old": OLD,
+            "beta1": {"model.spin.beta": 1.0},
             "tap_ness": {"model.spin.mode": "fixed_point", "model.spin.update": "tap"},
             "steps1": {"model.spin.num_steps": 1},
         },

@@ -52,7 +52,8 @@ _ADJOINTS = ("implicit", "unrolled", "phantom", "onestep")
 class SpinConfig:
     """Options of spin attention (the config section `model.spin`)."""
 
-    beta: float = option(1.0, "inverse temperature β of the vector-spin model")
+    beta: float = option(2.0, "inverse temperature β of the vector-spin model (at 2 the "
+                         "linearised steady state is critical; see experiments/results/spin_lm)")
     update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
                          "order, with Onsager/feed-forward corrections)", _UPDATES,
                          renamed=_RENAMED_UPDATES)
