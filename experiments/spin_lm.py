@@ -54,6 +54,7 @@ SUITES = {
             "learn_beta": {"model.spin.learn_beta": True},
             "value": {"model.spin.value_proj": True},
             "mean_field": {"model.spin.update": "mean_field"},
+            "response": {"model.spin.output": "response"},
             "steps2": S2,
             "b2_lr6": {"train.lr": 6e-3},
             # the previous learning rate (3e-3) and the probes that found the two levers
@@ -93,6 +94,9 @@ SUITES = {
             "beta1": {"model.spin.beta": 1.0},
             "tap_ness": {"model.spin.mode": "fixed_point", "model.spin.update": "tap"},
             "steps1": {"model.spin.num_steps": 1},
+            "spin_lr10": {"train.lr": 1e-2},
+            "value": {"model.spin.value_proj": True},
+            "response": {"model.spin.output": "response"},
         },
     },
 }

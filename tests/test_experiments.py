@@ -136,3 +136,22 @@ def test_implicit_images_quick(tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime for p in runs.glob("*/test.json")}
     exp.main(["run", "--quick", "--seeds", "1", "--runs", str(runs)])
     assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before
+
+
+def test_spin_lm_runs_resumes_and_reports(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    study = _load("spin_lm")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    args = ["--variants", "softmax,steps2", "--seeds", "0,1", "--steps", "4",
+            "--runs", str(runs), "--results", str(results)]
+    study.main(["all", *args])
+    assert len(list((runs / "quickstart").glob("*/summary.json"))) == 4
+    study.main(["run", *args])  # finished runs are skipped, not retrained or refused
+    cfg = load_config(runs / "quickstart" / "steps2_s1" / "config.yaml")
+    assert (cfg.model.spin.mode, cfg.model.spin.num_steps, cfg.train.seed) == ("steps", 2, 1)
+    table = (results / "quickstart.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| steps2 |"))
+    assert row.count("±") == 2 and "| 2 |" in row  # mean ± std, and a paired gap over 2 seeds
+    assert (results / "quickstart_curves.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="unknown variants"):
+        study.main(["run", "--variants", "sofmax", "--runs", str(runs)])

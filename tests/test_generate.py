@@ -29,6 +29,8 @@ CASES = {
                                     init="learned"), 2e-5),
     "spin-beta-value": ("spin", dict(update="tap", solver=TIGHT, learn_beta=True,
                                      value_proj=True, coupling_scale=1.5, beta=2.0), 2e-5),
+    "spin-response": ("spin", dict(update="mean_field", mode="steps", num_steps=2,
+                                   output="response", output_proj=True), 1e-5),
     "spin-carried": ("spin", dict(update="mean_field", mode="steps", num_steps=1,
                                   init="carried"), 1e-5),
     "boltzmann-exact": ("boltzmann", dict(init_scale=0.3), 1e-5),

@@ -232,8 +232,17 @@ def test_spin_temperature_coupling_and_value_options(getkey, x64):
         fd = (loss(shift(eps)) - loss(shift(-eps))) / (2 * eps)
         np.testing.assert_allclose(g[h], fd, rtol=1e-5)
         assert abs(float(g[h])) > 1e-3
+    # output="response": the magnetizations less the decoupled response φ(x)
+    resp = _spin(16, 2, k, causal=True, output="response", beta=2.0, **TIGHT)
+    mag = _spin(16, 2, k, causal=True, beta=2.0, **TIGHT)
+    phi = vector.magnetization(mag.fields(x), beta=2.0, R=mag.radius)
+    np.testing.assert_allclose(call(resp, x),
+                               call(mag, x) - phi.transpose(1, 0, 2).reshape(5, 16), atol=1e-9)
+    assert float(jnp.abs(call(resp, x)).max()) > 1e-2
     with pytest.raises(ValueError, match="coupling_scale"):
         _spin(16, 2, k, coupling_scale=0.0)
+    with pytest.raises(ValueError, match="output"):
+        _spin(16, 2, k, output="delta")
 
 
 def test_spin_errors(getkey):

@@ -187,15 +187,16 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
         p, a = eqx.combine(d, static)
         return p.fn(x, a)
 
-    _, vjp_x = jax.vjp(lambda x: fn_of(diff, x), value)
+    # one linearisation at the solution serves the backward solve's products (where the
+    # parameters' cotangent is unused and compiled away) and the final parameter product
+    _, vjp = jax.vjp(fn_of, diff, value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
-    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp_x(v)[0], b)
+    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b)
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
         w = jnp.where(ok, w, jnp.nan)
-    _, vjp_d = jax.vjp(lambda d: fn_of(d, value), diff)
-    (g_diff,) = vjp_d(w)
+    g_diff = vjp(w)[0]
     record = None
     if perturbed[2]:  # the probe: (1 solve, its products, its relative residual)
         dt = vjp_arg[2].dtype
