@@ -91,12 +91,9 @@ SUITES = {
         "variants": {
             "softmax": {"model.attention": "softmax"},
             "spin": {},
-            "beta1": {"model.spin.beta": 1.0},
-            "tap_ness": {"model.spin.mode": "fixed_point", "model.spin.update": "tap"},
-            "steps1": {"model.spin.num_steps": 1},
-            "spin_lr10": {"train.lr": 1e-2},
-            "value": {"model.spin.value_proj": True},
-            "response": {"model.spin.output": "response"},
+            "no_value": {"model.spin.value_proj": False},
+            "magnetization": {"model.spin.output": "magnetization",
+                              "model.spin.value_proj": False},
         },
     },
 }

@@ -9,7 +9,8 @@ from spinformer import cli
 from spinformer import config as C
 
 ROOT = pathlib.Path(__file__).parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+CONFIGS = (sorted((ROOT / "configs").glob("*.yaml"))
+           + sorted((ROOT / "configs" / "spin_lm").glob("*.yaml")))
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 40
 
 
