@@ -205,7 +205,10 @@ def cmd_report(args) -> None:
         if extra:
             result[name][extra] = [x["metrics"][extra] for x in r.values()]
     better = "higher" if higher else "lower"
-    lines += ["", f"A positive gap means the variant's {metric} is higher ({better} is better)."]
+    lines += ["", f"A positive gap means the variant's {metric} is higher ({better} is better). "
+              "`s/run` is the wall time of a run on a shared 2-core machine, often with "
+              "several runs at once: not a speed measurement (see "
+              "`experiments/bench/spin_attention.py`)."]
     out = pathlib.Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.suite}.md").write_text("\n".join(lines) + "\n")

@@ -185,7 +185,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", choices=["attention", "compile", "throughput"])
-    p.add_argument("--config", default=str(ROOT / "configs" / "spin_lm" / "shakespeare_spin.yaml"),
+    p.add_argument("--config",
+                   default=str(ROOT / "configs" / "spin_lm" / "shakespeare_spin.yaml"),
                    help="[3]: the spin transformer config timed against softmax")
     a = p.parse_args()
     if a.quick:
