@@ -174,8 +174,10 @@ def cmd_report(args) -> None:
              f"`{suite['config'].relative_to(ROOT)}`.", "",
              f"| variant | changes | seeds | {metric}{unit} | "
              + ("perplexity | " if extra else "")
-             + "gap to softmax | gap to spin | params | s/run |",
-             "|---|---|---|---|" + ("---|" if extra else "") + "---|---|---|---|"]
+             + "gap to softmax | gap to spin | "
+             + ("perplexity / softmax's | " if extra else "") + "params | s/run |",
+             "|---|---|---|---|" + ("---|---|" if extra else "") + "---|---|---|---|"]
+    digits = 2 if metric == "accuracy" else 4
     result = {}
     for name in order:
         r = rows[name]
@@ -188,16 +190,22 @@ def cmd_report(args) -> None:
             (g, h), k = _gap(rows, name, ref, metric)
             gaps[ref] = [g * scale, h * scale, k]
             cells.append("—" if name == ref or k == 0 else
-                         f"{g * scale:+.2f} ± {h * scale:.2f}" if k > 1 else
-                         f"{g * scale:+.2f} (1 seed)")
+                         f"{g * scale:+.{digits}f} ± {h * scale:.{digits}f}" if k > 1 else
+                         f"{g * scale:+.{digits}f} (1 seed)")
         changes = ", ".join(f"{k.split('.')[-1]}={val}" for k, val in
                             suite["variants"][name].items()) or "(base config)"
-        ppl = ""
+        ppl = ratio = ""
         if extra:
             p = np.array([x["metrics"][extra] for x in r.values()])
             ppl = f"{p.mean():.3f} ± {p.std():.3f} | "
-        lines.append(f"| {name} | {changes} | {len(v)} | {v.mean():.2f} ± {v.std():.2f} | "
-                     f"{ppl}{cells[0]} | {cells[1]} | {params:,} | {wall:.0f} |")
+            # the loss gap is the log of the perplexity ratio: exp of the gap and its interval
+            g, h, k = gaps["softmax"]
+            ratio = ("— | " if name == "softmax" or k == 0 else
+                     f"{np.exp(g):.3f} [{np.exp(g - h):.3f}, {np.exp(g + h):.3f}] | " if k > 1
+                     else f"{np.exp(g):.3f} (1 seed) | ")
+        lines.append(f"| {name} | {changes} | {len(v)} | {v.mean():.{digits}f} ± "
+                     f"{v.std():.{digits}f} | {ppl}{cells[0]} | {cells[1]} | {ratio}{params:,} | "
+                     f"{wall:.0f} |")
         result[name] = {"changes": suite["variants"][name], "seeds": sorted(r),
                         metric: (v / scale).tolist(), "gap_to_softmax": gaps["softmax"],
                         "gap_to_spin": gaps["spin"], "num_params": params,
