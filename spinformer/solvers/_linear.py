@@ -30,6 +30,12 @@ class AbstractLinearSolver(eqx.Module):
         """An approximate solution w of A w = b, started at w = b, and the number of
         matrix–vector products it took (−1 if the method does not report it)."""
 
+    def solve_with_residual(self, matvec, b, *, tol, max_steps):
+        """`(w, products, ‖b − A w‖₂)`: `solve` and the true residual of its answer (one
+        product more, unless a solver already has it)."""
+        w, products = self.solve(matvec, b, tol=tol, max_steps=max_steps)
+        return w, products, l2_norm(b - matvec(w))
+
 
 class GMRES(AbstractLinearSolver):
     """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`, batched Arnoldi) started at w = b:
@@ -54,7 +60,6 @@ class GMRES(AbstractLinearSolver):
         return w, products
 
     def solve_with_residual(self, matvec, b, *, tol, max_steps):
-        """`(w, products, ‖b − A w‖₂)`: `solve` and the true residual of its answer."""
         restart = max(1, min(self.restart, b.shape[0]))
         cycles = max(1, math.ceil(max_steps / restart))
         target = tol * l2_norm(b)
@@ -125,12 +130,9 @@ def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
         w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
         resid = l2_norm(matvec(w) - b)
-    elif isinstance(linear_solver, GMRES):  # its last cycle ends with the true residual
+    else:  # GMRES's last cycle already ends with the true residual
         w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
                                                             max_steps=max_steps)
-    else:
-        w, steps = linear_solver.solve(matvec, b, tol=tol, max_steps=max_steps)
-        resid = l2_norm(matvec(w) - b)
     bnorm = l2_norm(b)
     ok = resid <= 10.0 * tol * bnorm + jnp.finfo(b.dtype).tiny
     rel = resid / jnp.where(bnorm > 0, bnorm, 1.0)
