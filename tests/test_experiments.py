@@ -138,6 +138,7 @@ def test_implicit_images_quick(tmp_path, monkeypatch):
     assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before
 
 
+@pytest.mark.slow  # ~20 s: four tiny training runs (the default suite keeps near 16 min)
 def test_spin_lm_runs_resumes_and_reports(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     study = _load("spin_lm")
