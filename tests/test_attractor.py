@@ -169,11 +169,11 @@ def test_decode_maps_outside_directions_to_the_nearer_end():
         s = jnp.tile(jnp.array([u, w], jnp.float32), a)
         return float(emb.decode((s @ emb.F.T)[None] / 1.0)[0, 0])
 
-    assert pix(1.0, 1.0) == pytest.approx(0.5, abs=1e-5)
-    assert pix(-0.2, 1.0) == pytest.approx(0.0, abs=1e-6)   # beyond (0, 1): black
-    assert pix(1.0, -0.2) == pytest.approx(1.0, abs=1e-6)   # beyond (1, 0): white
-    assert pix(-1.0, -0.3) == pytest.approx(0.0, abs=1e-6)  # nearer (0, 1) going around
-    assert pix(-0.3, -1.0) == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(pix(1.0, 1.0), 0.5, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(pix(-0.2, 1.0), 0.0, rtol=0, atol=1e-6)  # beyond (0, 1): black
+    np.testing.assert_allclose(pix(1.0, -0.2), 1.0, rtol=0, atol=1e-6)  # beyond (1, 0): white
+    np.testing.assert_allclose(pix(-1.0, -0.3), 0.0, rtol=0, atol=1e-6)  # nearer (0, 1) going around
+    np.testing.assert_allclose(pix(-0.3, -1.0), 1.0, rtol=0, atol=1e-6)
 
 
 def test_training_holds_the_norm_and_lowers_the_energy(images):
@@ -307,8 +307,8 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
     assert "block/noise" not in r["curves"]  # not trained: skipped, not invented
     assert 0.0 <= r["blend"]["mask"]["a"] <= 1.0
     # t = 0 is the corrupted input: the same for every model of a task
-    assert r["curves"]["block/mask"]["mean"][0] == pytest.approx(
-        r["curves"]["attractor[sphere]/mask"]["mean"][0], rel=1e-5)
+    np.testing.assert_allclose(r["curves"]["block/mask"]["mean"][0],
+                               r["curves"]["attractor[sphere]/mask"]["mean"][0], rtol=1e-5)
 
 
 def test_experiment_config_errors(tmp_path):
