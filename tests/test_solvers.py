@@ -662,3 +662,45 @@ def test_backward_solves_are_recorded_per_solve(x64):
         np.testing.assert_allclose(grads.W, plain.W, rtol=1e-6)
     # other adjoints have no backward solve and carry no probe
     assert S.record_backward(S.Unrolled()) == S.Unrolled()
+
+
+def test_backward_error_if_raises_only_in_the_backward_pass():
+    msgs = ["", "first failure", "second failure"]
+
+    def loss(x, bad, code, nonfinite=False):
+        y = S.backward_error_if(x, bad, code, msgs, nonfinite=nonfinite)
+        return jnp.sum(jnp.log(y))  # gradient 1/x
+
+    x = jnp.array([1.0, 2.0])
+    grad = jax.jit(jax.grad(loss), static_argnums=3)
+    np.testing.assert_allclose(grad(x, False, 0), 1 / x)
+    np.testing.assert_allclose(loss(x, True, 2), np.log(2.0))  # the forward pass never raises
+    with pytest.raises(Exception, match="second failure"):
+        grad(x, jnp.asarray(True), jnp.asarray(2)).block_until_ready()
+    # nonfinite: an inf arriving in the cotangent (d sqrt(x - 1) at x = 1) raises messages[index]
+    nan_grad = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sqrt(
+        S.backward_error_if(x, False, 1, msgs, nonfinite=True) - 1.0))))
+    with pytest.raises(Exception, match="first failure"):
+        nan_grad(x).block_until_ready()
+    np.testing.assert_allclose(grad(x, False, 1, True), 1 / x)
+
+
+def test_import_needs_no_jaxopt():
+    """jaxopt (unmaintained upstream) is only the reference of tests and benchmarks: the
+    library imports without it, and `JaxoptAnderson` says how to install it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['jaxopt'] = None\n"
+            "import jax.numpy as jnp, spinformer as sf\n"
+            "try:\n"
+            "    sf.solvers.fixed_point(lambda x, a: jnp.tanh(x), jnp.ones(2),\n"
+            "                           solver=sf.solvers.JaxoptAnderson())\n"
+            "except ImportError as e:\n"
+            "    assert '.[bench]' in str(e), e\n"
+            "else:\n"
+            "    raise SystemExit('no ImportError')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -26,7 +26,7 @@ from ._adjoint import (
 )
 from ._fixed_point import fixed_point, root_find
 from ._linear import AbstractLinearSolver, BiCGStab, GMRES
-from ._results import RESULTS, Solution
+from ._results import RESULTS, Solution, backward_error_if
 from ._solvers import (
     AbstractFixedPointSolver,
     AbstractRootFinder,
@@ -59,6 +59,7 @@ __all__ = [
     "RESULTS",
     "Solution",
     "Unrolled",
+    "backward_error_if",
     "backward_stats",
     "fixed_point",
     "jacobian_penalty",

@@ -14,7 +14,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit
-from ._results import _CODES, RESULTS, Solution
+from ._results import _CODES, RESULTS, Solution, backward_error_if
 from ._solvers import (
     AbstractFixedPointSolver,
     AbstractRootFinder,
@@ -94,7 +94,7 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
     `(num_steps, residual at x, residual at the last iterate, result)`.
 
     With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
-    `_checked_gradient` repeats it in the backward pass.
+    `backward_error_if` repeats it in the backward pass.
     """
     best = _BestSoFar(solver)
     max_steps = solver.max_steps
@@ -145,26 +145,6 @@ def _failure_messages(name):
     return [f"{name}: " + RESULTS.message(c) if c else "" for c in range(len(_CODES))]
 
 
-@eqx.filter_custom_vjp
-def _checked_gradient(value, result, name):
-    del result, name
-    return value
-
-
-@_checked_gradient.def_fwd
-def _checked_gradient_fwd(perturbed, value, result, name):
-    del perturbed, result, name
-    return value, None
-
-
-@_checked_gradient.def_bwd
-def _checked_gradient_bwd(residuals, g, perturbed, value, result, name):
-    # Raised in the backward pass itself: a forward check whose output only the (discarded)
-    # primal uses is removed as dead code under `jit(grad(...))`.
-    del residuals, perturbed, value
-    return eqx.branched_error_if(g, result != RESULTS.successful, result, _failure_messages(name))
-
-
 def _as_array_scalars(args):
     """Python floats and complex numbers in `args` become 0-d arrays, so a solve closed over
     at a float (`fixed_point(fn, x0, 1.0)`) and differentiated (where it becomes a tracer)
@@ -198,7 +178,8 @@ def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose):
 
     value, (k, rn, last, result) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
-        value = _checked_gradient(value, result, name)
+        value = backward_error_if(value, result != RESULTS.successful, result,
+                                  _failure_messages(name))
     return Solution(unravel(value), k, rn, last, result)
 
 

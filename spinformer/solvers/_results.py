@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence, Union
 
 import equinox as eqx
-from jaxtyping import Array, Float, Int, PyTree
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 
 class _Code(NamedTuple):
@@ -90,3 +92,64 @@ class Solution(eqx.Module):
     residual: Float[Array, ""]
     final_residual: Float[Array, ""]
     result: Int[Array, ""]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _nonfinite(tree) -> Bool[Array, ""]:
+    leaves = [jnp.any(~jnp.isfinite(x))
+              for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
+    return jnp.any(jnp.stack(leaves)) if leaves else jnp.asarray(False)
+
+
+@eqx.filter_custom_vjp
+def _guard(value, pred, index, messages, nonfinite):
+    del pred, index, messages, nonfinite
+    return value
+
+
+@_guard.def_fwd
+def _guard_fwd(perturbed, value, pred, index, messages, nonfinite):
+    del perturbed, pred, index, messages, nonfinite
+    return value, None
+
+
+@_guard.def_bwd
+def _guard_bwd(residuals, g, perturbed, value, pred, index, messages, nonfinite):
+    del residuals, perturbed, value
+    if nonfinite:
+        pred = pred | _nonfinite(g)
+    return eqx.branched_error_if(g, pred, index, messages)
+
+
+def backward_error_if(
+    value: PyTree,
+    pred: Union[bool, Bool[Array, ""]],
+    index: Union[int, Int[Array, ""]],
+    messages: Sequence[str],
+    *,
+    nonfinite: bool = False,
+) -> PyTree:
+    """`value` unchanged; gradients flowing back through it raise `messages[index]` where
+    `pred` holds (and, with `nonfinite=True`, also where the incoming gradient is not
+    finite).
+
+    The one "raise in the backward pass" helper of the library: a forward
+    `eqx.error_if(x, ...)` whose output only the discarded primal uses is removed as dead
+    code under `jit(grad(...))`, so a failed solve would otherwise give gradients silently.
+    `fixed_point`/`root_find` with `throw=True`, `spins.adaptive_tap` and
+    `spins.free_energy` use it.
+
+    **Arguments:**
+
+    - `value`: any pytree (its inexact arrays receive the gradient check).
+    - `pred`: boolean scalar (a Python bool or an array, may be traced): the failure.
+    - `index`: which message to raise (an int or an int array, e.g. a `RESULTS` code).
+    - `messages`: the messages, a sequence of strings (static).
+    - `nonfinite`: also raise `messages[index]` when the cotangent has a NaN or inf.
+
+    **Returns:** `value`.
+    """
+    return _guard(value, jnp.asarray(pred), jnp.asarray(index, jnp.int32), tuple(messages),
+                  nonfinite)

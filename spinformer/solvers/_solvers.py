@@ -338,7 +338,8 @@ class JaxoptAnderson(AbstractFixedPointSolver):
     exactly; the loop, termination, statistics and gradients (`adjoint=`) are spinformer's.
     jaxopt starts extrapolating only once its history is full and regularises with an
     absolute ridge. As in jaxopt, the iterate is g(x_k) while the residual is measured at
-    x_k. Kept as the reference the tests and benchmarks compare `Anderson` against.
+    x_k. Kept as the reference the tests and benchmarks compare `Anderson` against; it needs
+    jaxopt, which only the `dev` and `bench` extras install.
 
     **Arguments:** `history` (≥ 2), `damping` (jaxopt's `beta` = 1 − damping), `ridge`
     (absolute), and `tol`, `max_steps`, `norm` as every solver.
@@ -357,7 +358,15 @@ class JaxoptAnderson(AbstractFixedPointSolver):
         _check_damping("JaxoptAnderson", self.damping)
 
     def _solver(self, prob):
-        import jaxopt
+        try:
+            import jaxopt
+        except ImportError:
+            raise ImportError(
+                "JaxoptAnderson wraps jaxopt, which spinformer does not install by default "
+                "(jaxopt is unmaintained upstream; it is the reference our tests and "
+                "benchmarks compare against). Install it with `pip install -e \".[bench]\"` "
+                "(or `.[dev]`), or use solvers.Anderson()."
+            ) from None
 
         if not isinstance(prob, _FixedPointProblem):
             raise ValueError("JaxoptAnderson only solves fixed points.")

@@ -571,26 +571,6 @@ def _stable(state, X, J, prior):
     return ok & ok_site & jnp.all(jnp.isfinite(A))
 
 
-@eqx.filter_custom_vjp
-def _checked(value, bad, message):
-    del bad, message
-    return value
-
-
-@_checked.def_fwd
-def _checked_fwd(perturbed, value, bad, message):
-    del perturbed, bad, message
-    return value, None
-
-
-@_checked.def_bwd
-def _checked_bwd(residuals, g, perturbed, value, bad, message):
-    # Raised in the backward pass too: under jit(grad(...)) a forward check whose output only
-    # the discarded primal uses is removed as dead code.
-    del residuals, perturbed, value
-    return eqx.error_if(g, bad, message)
-
-
 def _solve(method, X, J, prior, solver, adjoint, throw, init):
     name = _NAMES[method]
     J, N, d = _check_system(name, X, J, prior)
@@ -620,7 +600,8 @@ def _solve(method, X, J, prior, solver, adjoint, throw, init):
         message = (f"{name}: the fixed point was found but is not a valid mean-field solution:"
                    f" {what}. Scale the couplings down, or pass throw=False to get the "
                    "Solution with result RESULTS.nonfinite and NaN values.")
-        value = eqx.error_if(_checked(value, bad, message), bad, message)
+        value = eqx.error_if(solvers.backward_error_if(value, bad, 0, [message]), bad,
+                             message)
     return solvers.Solution(value, sol.num_steps, sol.residual, sol.final_residual, result)
 
 

@@ -545,27 +545,6 @@ _BACKWARD_MSG = (
 )
 
 
-@eqx.filter_custom_vjp
-def _grad_guard(args):
-    return args
-
-
-@_grad_guard.def_fwd
-def _grad_guard_fwd(perturbed, args):
-    del perturbed
-    return args, None
-
-
-@_grad_guard.def_bwd
-def _grad_guard_bwd(residuals, g, perturbed, args):
-    del residuals, perturbed, args
-    leaves = [x for x in jax.tree.leaves(g) if x is not None]
-    if not leaves:
-        return g
-    bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-    return eqx.error_if(g, bad, _BACKWARD_MSG)
-
-
 def _default_t0(G, J, beta, kappa):
     """λ_max(J) + the uncoupled saddle (1 + √(1 + 16β²κ G_ii))/(4β); V(t0) ⪰ diag(t_unc)."""
     lam = jnp.linalg.eigvalsh(J)[-1]
@@ -584,7 +563,7 @@ def _saddle_G(name, G, J, beta, kappa, t0, solver, adjoint, throw):
     t0 = jax.lax.stop_gradient(t0)
     args = (G, J, beta, kappa)
     if throw:
-        args = _grad_guard(args)
+        args = solvers.backward_error_if(args, False, 0, [_BACKWARD_MSG], nonfinite=True)
     sol = solvers.root_find(
         _residual, t0, args,
         solver=_DEFAULT_SOLVER if solver is None else solver,
