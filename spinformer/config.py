@@ -13,7 +13,8 @@ cfg.replace({"train.steps": 5, "model.spin.update": "mean_field"}).train.steps  
 
 The model section has one sub-section per registered attention (`model.spin`,
 `model.boltzmann`, ...): each attention module declares its own config dataclass with
-`spinformer.nn.register_attention`, and `ModelConfig` is built from the registry.
+`spinformer.nn.register_attention`, and every `ModelConfig` reads the registry when it is
+made. `keys(section)` lists a section's keys with their defaults, meanings and choices.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "BoltzmannConfig",
+    "Key",
     "ModelConfig",
     "SpinConfig",
     "TrainConfig",
     "describe",
     "from_dict",
+    "keys",
     "load_config",
     "option",
     "parse_overrides",
@@ -128,40 +131,86 @@ class DataConfig:
               f"stream=true reads a text in order: it needs task=chars; got task={self.task}.")
 
 
-def _model_fields():
-    """The fields of `ModelConfig`: the attention's name, the sizes, and one section per
-    registered attention that declares a config."""
+def _attention_help() -> str:
     regs = _registry.registrations()
-    names = tuple(r.name for r in regs)
     described = ", ".join(f"{r.name} ({r.help})" if r.help else r.name for r in regs)
-    fields = [
-        ("attention", str, _f("spin" if "spin" in names else names[0],
-                              f"attention mechanism: {described}", names)),
-        ("dim", int, _f(32, "model width D")),
-        ("depth", int, _f(1, "number of blocks")),
-        ("num_heads", int, _f(1, "attention heads per block (D must be divisible by it)")),
-        ("ffn_hidden", int, _f(64, "hidden width of each block's feed-forward network "
-                                   "(0: none)")),
-        ("dropout", float, _f(0.0, "dropout rate on the residual branches")),
-        ("pool", str, _f("mean", "pair classification (nli, snli) only: how the encoded pair "
-                         "becomes one vector: mean (of the tokens), cls (first token) or ngt "
-                         "(the NeuroGame paper's pooled game head, options from "
-                         "model.neurogame)", ("mean", "cls", "ngt"))),
-        ("embed", str, _f("conv", "images only: conv (two conv+pool stages to a grid of "
-                          "sites, as in the Deep Implicit Attention post; images >= 16x16) or "
-                          "patch (linear embedding of patch x patch patches)", ("conv", "patch"))),
-        ("patch", int, _f(4, "images, embed=patch only: patch side in pixels")),
-        ("conv_channels", int, _f(32, "images, embed=conv only: channels of the convolutions")),
-        ("residual", bool, _f(True, "images only: wrap each attention in a pre-norm residual "
-                              "block with FFN (false: the attentions alone, one after the "
-                              "other, as a DEQ layer)")),
-        ("positions", bool, _f(True, "images only: learned position embedding of the sites")),
-    ]
-    for r in regs:
-        if r.config is not None:
-            fields.append((r.name, r.config, _f(r.config, f"options of {r.name} attention "
-                                                          f"(used only by attention={r.name})")))
-    return fields
+    return f"attention mechanism: {described}"
+
+
+def _section_help(name: str) -> str:
+    return f"options of {name} attention (used only by attention={name})"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model: the attention, the sizes, and one section of options per registered
+    attention that declares a config (`model.spin`, `model.boltzmann`, ...).
+
+    The attention sections are read from the registry (`spinformer.nn.register_attention`)
+    whenever a `ModelConfig` is made, so an attention registered after this module was
+    imported has its section at once. They are reached as attributes (`cfg.model.spin`) or
+    with `section(name)`; in Python, pass them as `ModelConfig(sections={"spin":
+    SpinConfig(beta=3.0)})` (a section not given takes its defaults).
+    """
+
+    attention: str = dataclasses.field(
+        default_factory=lambda: _registry.default_attention(),
+        metadata={"help": _attention_help, "choices": _registry.attention_names})
+    dim: int = _f(32, "model width D")
+    depth: int = _f(1, "number of blocks")
+    num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
+    ffn_hidden: int = _f(64, "hidden width of each block's feed-forward network (0: none)")
+    dropout: float = _f(0.0, "dropout rate on the residual branches")
+    pool: str = _f("mean", "pair classification (nli, snli) only: how the encoded pair becomes "
+                   "one vector: mean (of the tokens), cls (first token) or ngt (the NeuroGame "
+                   "paper's pooled game head, options from model.neurogame)",
+                   ("mean", "cls", "ngt"))
+    embed: str = _f("conv", "images only: conv (two conv+pool stages to a grid of sites, as in "
+                    "the Deep Implicit Attention post; images >= 16x16) or patch (linear "
+                    "embedding of patch x patch patches)", ("conv", "patch"))
+    patch: int = _f(4, "images, embed=patch only: patch side in pixels")
+    conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions")
+    residual: bool = _f(True, "images only: wrap each attention in a pre-norm residual block "
+                        "with FFN (false: the attentions alone, one after the other, as a DEQ "
+                        "layer)")
+    positions: bool = _f(True, "images only: learned position embedding of the sites")
+    # (name, section) of every registered attention with a config, in registration order;
+    # not a YAML key: the sections appear as `model.<name>`
+    sections: tuple = dataclasses.field(default=(), repr=False, metadata={"sections": True})
+
+    def __post_init__(self):
+        given = dict(self.sections)
+        regs = {r.name: r for r in _registry.registrations() if r.config is not None}
+        unknown = sorted(set(given) - set(regs))
+        if unknown:
+            raise ConfigError(f"no registered attention {unknown[0]!r} declares a config "
+                              f"section; the sections are {sorted(regs)}.")
+        for name, section in given.items():
+            if not isinstance(section, regs[name].config):
+                raise ConfigError(f"{name}: expected a {regs[name].config.__name__}, got "
+                                  f"{type(section).__name__}.")
+        full = tuple((name, given[name] if name in given else reg.config())
+                     for name, reg in regs.items())
+        object.__setattr__(self, "sections", full)
+        _check_model(self)
+
+    def __getattr__(self, name: str):
+        # reached only when ordinary lookup fails: the attention sections
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            sections = object.__getattribute__(self, "sections")
+        except AttributeError:
+            raise AttributeError(name) from None
+        for key, section in sections:
+            if key == name:
+                return section
+        raise AttributeError(f"ModelConfig has no field or attention section {name!r}.")
+
+    def section(self, name: Optional[str] = None):
+        """The options section of attention `name` (default: `self.attention`), or None when
+        that attention declares no config."""
+        return dict(self.sections).get(self.attention if name is None else name)
 
 
 def _check_model(self):
@@ -169,7 +218,11 @@ def _check_model(self):
         raise ConfigError("dim, depth and num_heads must be >= 1.")
     if self.dim % self.num_heads:
         raise ConfigError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}.")
-    least = _registry.get_attention(self.attention).min_head_dim
+    try:
+        reg = _registry.get_attention(self.attention)
+    except ValueError as e:
+        raise ConfigError(f"attention: {e}") from None
+    least = reg.min_head_dim
     if self.dim // self.num_heads < least:
         raise ConfigError(f"{self.attention} attention needs a head width dim/num_heads >= "
                           f"{least}; got {self.dim // self.num_heads}.")
@@ -179,27 +232,6 @@ def _check_model(self):
         raise ConfigError(f"patch={self.patch} and conv_channels={self.conv_channels} must be "
                           ">= 1.")
     _at_least(self, 0, "ffn_hidden")
-
-
-def _make_model_config():
-    cls = dataclasses.make_dataclass(
-        "ModelConfig", _model_fields(), frozen=True,
-        namespace={"__post_init__": _check_model,
-                   "__doc__": "The model: attention, sizes, and each attention's options."},
-    )
-    cls.__module__ = __name__
-    return cls
-
-
-ModelConfig = _make_model_config()
-
-
-def _rebuild_model_config():
-    global ModelConfig
-    ModelConfig = _make_model_config()
-
-
-_registry.on_change(_rebuild_model_config)
 
 
 @dataclass(frozen=True)
@@ -283,23 +315,22 @@ class TrainConfig:
 class Config:
     description: str = _f("", "one line saying what this experiment is")
     data: DataConfig = _f(DataConfig, "the dataset")
-    # built when asked: `ModelConfig` is rebuilt whenever an attention is registered
-    model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig(),
-                                           metadata={"help": "the model"})
+    model: ModelConfig = _f(ModelConfig, "the model")
     train: TrainConfig = _f(TrainConfig, "the optimisation loop")
 
     def __post_init__(self):
         # checks across sections (a section's own are in its `__post_init__`)
-        spin = getattr(self.model, "spin", None)
-        carries = (self.model.attention == "spin" and spin is not None
-                   and spin.mode == "steps" and spin.init == "carried")
-        _need(not self.data.stream or carries,
-              "data.stream=true carries the attention's state from one batch to the next: it "
-              "needs model.attention=spin with model.spin.mode=steps and "
-              "model.spin.init=carried (num_steps=1: one time step per call); got "
-              f"model.attention={self.model.attention}"
-              + (f", model.spin.mode={spin.mode}, model.spin.init={spin.init}"
-                 if self.model.attention == "spin" and spin is not None else "") + ".")
+        if self.data.stream:
+            reg = _registry.get_attention(self.model.attention)
+            section = self.model.section()
+            if reg.carries_state is None or not reg.carries_state(section):
+                able = [f"model.attention={r.name} with {r.carries_state_when}"
+                        for r in _registry.registrations() if r.carries_state is not None]
+                raise ConfigError(
+                    "data.stream=true carries the attention's state from one batch to the "
+                    f"next: it needs {' or '.join(able) or 'an attention that carries state'}"
+                    f"; got model.attention={self.model.attention}"
+                    + (" with other options" if reg.carries_state is not None else "") + ".")
         _need(not self.train.local_losses or self.data.task in ("brackets", "chars"),
               "train.local_losses=true trains each layer on its own per-position readout: it "
               f"needs a per-position task (data.task brackets or chars); got data.task="
@@ -338,6 +369,57 @@ _INT_LIMIT = 2**31
 
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a config section, as `keys` lists it.
+
+    **Fields:** `name`; `type` (a Python type, `Optional[...]`, or a section's dataclass);
+    `default` (a section's dataclass for a section); `help` (one line); `choices` (the
+    allowed values, or None); `renamed` (old values mapped to their new names).
+    """
+
+    name: str
+    type: Any
+    default: Any
+    help: str
+    choices: Optional[tuple] = None
+    renamed: Optional[Mapping[Any, Any]] = None
+
+    @property
+    def is_section(self) -> bool:
+        return dataclasses.is_dataclass(self.type)
+
+
+def keys(cls=None) -> dict[str, Key]:
+    """The keys of a config section (default: the whole `Config`), in order: its fields and,
+    for `ModelConfig`, the section of every registered attention that declares one (read
+    from the registry now). The one walk of the schema: reading, `--set`, `describe` and the
+    tests all use it."""
+    cls = Config if cls is None else cls
+    hints = _hints(cls)
+    out: dict[str, Key] = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("sections"):
+            continue
+        meta = f.metadata
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif dataclasses.is_dataclass(hints[f.name]):
+            default = hints[f.name]
+        else:
+            default = f.default_factory()
+        help_, choices = meta.get("help", ""), meta.get("choices")
+        out[f.name] = Key(f.name, hints[f.name], default,
+                          help_() if callable(help_) else help_,
+                          tuple(choices()) if callable(choices) else choices,
+                          meta.get("renamed"))
+    if cls is ModelConfig:
+        for r in _registry.registrations():
+            if r.config is not None:
+                out[r.name] = Key(r.name, r.config, r.config, _section_help(r.name))
+    return out
 
 
 def _unwrap_optional(tp):
@@ -411,28 +493,30 @@ def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
             f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys to values, got "
             f"{raw!r}."
         )
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    schema = keys(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs, sections = {}, {}
     for key, value in raw.items():
-        if key not in fields:
-            raise _unknown_key(str(key), list(fields), prefix)
-        tp = hints[key]
+        if key not in schema:
+            raise _unknown_key(str(key), list(schema), prefix)
+        k = schema[key]
         where = prefix + key
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(value, tp, where + ".")
+        if k.is_section:
+            (kwargs if key in fields else sections)[key] = from_dict(value, k.type, where + ".")
             continue
-        v = _coerce(value, tp, where)
-        renamed = fields[key].metadata.get("renamed", {})
+        v = _coerce(value, k.type, where)
+        renamed = k.renamed or {}
         if renamed and v in renamed:
             raise ConfigError(f"{where}: {v!r} is now called {renamed[v]!r}; use "
                               f"{where}={renamed[v]}.")
-        choices = fields[key].metadata.get("choices")
+        choices = k.choices
         if choices is not None and v not in choices:
             close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{where}: {v!r} is not one of {list(choices)}.{hint}")
         kwargs[key] = v
+    if sections:
+        kwargs["sections"] = sections
     try:
         return cls(**kwargs)
     except ConfigError as e:  # a section's own checks (`__post_init__`), named by its place
@@ -441,7 +525,16 @@ def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
 
 def to_dict(cfg) -> dict:
     """The config as a plain nested dict (what `save_config` writes)."""
-    return dataclasses.asdict(cfg)
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("sections"):
+            out.update((name, to_dict(section)) for name, section in value)
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = to_dict(value)
+        else:
+            out[f.name] = dict(value) if isinstance(value, dict) else value
+    return out
 
 
 def _set_dotted(raw: dict, dotted: str, value):
@@ -450,10 +543,10 @@ def _set_dotted(raw: dict, dotted: str, value):
     node = raw
     for i, part in enumerate(parts):
         prefix = ".".join(parts[:i]) + ("." if i else "")
-        names = [f.name for f in dataclasses.fields(cls)]
-        if part not in names:
-            raise _unknown_key(part, names, prefix)
-        tp = _hints(cls)[part]
+        schema = keys(cls)
+        if part not in schema:
+            raise _unknown_key(part, list(schema), prefix)
+        tp = schema[part].type
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
                 raise ConfigError(
@@ -547,12 +640,10 @@ def describe(cls=None, prefix: str = "") -> str:
     """Every field with its default and its one-line meaning, one per line."""
     cls = Config if cls is None else cls
     lines = []
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            lines.append(f"{prefix}{f.name}:  # {f.metadata['help']}")
-            lines.append(describe(tp, prefix + f.name + "."))
+    for k in keys(cls).values():
+        if k.is_section:
+            lines.append(f"{prefix}{k.name}:  # {k.help}")
+            lines.append(describe(k.type, prefix + k.name + "."))
         else:
-            lines.append(f"{prefix}{f.name} = {f.default!r}  # {f.metadata['help']}")
+            lines.append(f"{prefix}{k.name} = {k.default!r}  # {k.help}")
     return "\n".join(lines)

@@ -14,9 +14,9 @@ def test_defaults_and_help():
     text = C.describe()
     for cls in (C.Config, C.DataConfig, C.ModelConfig, C.SpinConfig, C.BoltzmannConfig,
                 C.TrainConfig):
-        for f in dataclasses.fields(cls):
-            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no one-line meaning"
-            assert f.name in text
+        for k in C.keys(cls).values():
+            assert k.help, f"{cls.__name__}.{k.name} has no one-line meaning"
+            assert k.name in text
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.steps = 3
 
@@ -67,10 +67,45 @@ def test_sections_come_from_the_registry():
     from spinformer import nn
 
     assert C.SpinConfig is nn.SpinConfig and C.BoltzmannConfig is nn.BoltzmannConfig
-    fields = {f.name: f for f in dataclasses.fields(C.ModelConfig)}
-    assert fields["attention"].metadata["choices"] == nn.ATTENTIONS
-    assert "spin" in fields and "boltzmann" in fields and "softmax" not in fields
+    keys = C.keys(C.ModelConfig)
+    assert keys["attention"].choices == nn.ATTENTIONS
+    assert keys["attention"].default == nn.default_attention() == "spin"
+    assert "spin" in keys and "boltzmann" in keys and "softmax" not in keys
+    assert "sections" not in keys and "sections" not in C.to_dict(C.load_config())["model"]
     assert not hasattr(C.ModelConfig, "attention_kwargs")
+
+
+def test_model_config_is_never_stale():
+    """A `ModelConfig` imported before an attention is registered still knows it: the
+    sections are read from the registry when a config is made, not when the module is."""
+    import equinox as eqx
+
+    from spinformer import nn
+    from spinformer.config import ModelConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class LateConfig:
+        width: int = C.option(3, "a width")
+
+    @nn.register_attention("late", config=LateConfig, help="registered late")
+    class Late(eqx.Module):
+        @classmethod
+        def from_config(cls, section):
+            return dict(width=section.width)
+
+    try:
+        m = ModelConfig(attention="late")
+        assert m.late == LateConfig() and m.section() == LateConfig()
+        cfg = C.load_config(None, ["model.attention=late", "model.late.width=5"])
+        assert cfg.model.late.width == 5 and C.to_dict(cfg)["model"]["late"] == {"width": 5}
+        assert "model.late.width = 3" in C.describe()
+        assert C.from_dict(C.to_dict(cfg)) == cfg
+    finally:
+        nn.unregister_attention("late")
+    with pytest.raises(C.ConfigError, match="unknown config key 'model.late'"):
+        C.load_config(None, ["model.late.width=5"])
+    with pytest.raises(C.ConfigError, match="not one of"):
+        C.load_config(None, ["model.attention=late"])
 
 
 @pytest.mark.parametrize(

@@ -318,7 +318,7 @@ def test_cli_reports_run_dir_faults_in_one_line(tmp_path, capsys, monkeypatch):
 # ==================================================== 2. configs fuzzed from the schema
 
 FUZZ_TASKS = ("brackets", "chars", "nli", "digits")  # nothing to download
-ATTENTIONS = C.ModelConfig.__dataclass_fields__["attention"].metadata["choices"]
+ATTENTIONS = C.keys(C.ModelConfig)["attention"].choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,20 +335,19 @@ class Leaf:
 def schema(cls=None, prefix: str = "") -> tuple[list, list]:
     """`(leaves, sections)` of the config schema, walked from its dataclasses."""
     cls = C.Config if cls is None else cls
-    hints = typing.get_type_hints(cls)
     leaves, sections = [], []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            sections.append(prefix + f.name)
-            sub_leaves, sub_sections = schema(tp, prefix + f.name + ".")
+    for k in C.keys(cls).values():
+        tp = k.type
+        if k.is_section:
+            sections.append(prefix + k.name)
+            sub_leaves, sub_sections = schema(tp, prefix + k.name + ".")
             leaves += sub_leaves
             sections += sub_sections
             continue
         args = typing.get_args(tp)
         optional = type(None) in args
         inner = next(a for a in args if a is not type(None)) if optional else tp
-        leaves.append(Leaf(prefix + f.name, inner, optional, f.metadata.get("choices")))
+        leaves.append(Leaf(prefix + k.name, inner, optional, k.choices))
     return leaves, sections
 
 

@@ -417,4 +417,4 @@ def test_registry_errors(gain_attention):
         nn.register_attention("other", config=GainConfig)(nn.SoftmaxAttention)
     with pytest.raises(TypeError, match="frozen dataclass"):
         nn.register_attention("other", config=dict)
-    assert "other" not in nn.ATTENTIONS and "gain" in C.ModelConfig.__dataclass_fields__
+    assert "other" not in nn.ATTENTIONS and "gain" in C.keys(C.ModelConfig)

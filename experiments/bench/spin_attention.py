@@ -158,7 +158,7 @@ def bench_throughput(config, repeats, quick=False):
     m, d = cfg.model, cfg.data
     batch, n = (2, 16) if quick else (d.batch_size, d.seq_len)
     reg = nn.get_attention(m.attention)
-    spin_kwargs = reg.kwargs_from(getattr(m, reg.name))
+    spin_kwargs = reg.kwargs_from(m.section(reg.name))
     tokens = jax.random.randint(jax.random.key(1), (batch, n), 0, 65)
 
     def lm(attention, kwargs):

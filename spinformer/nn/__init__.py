@@ -48,9 +48,11 @@ from ._neurogame import NeuroGameConfig as NeuroGameConfig
 from ._neurogame import NeuroGameDiagnostics as NeuroGameDiagnostics
 from ._pair import PairClassifier as PairClassifier
 from ._pair import PairDiagnostics as PairDiagnostics
+from ._pair import pool_attention as pool_attention
 from ._reconstruct import PatchReconstructor as PatchReconstructor
 from ._registry import Registration as Registration
 from ._registry import attention_names as attention_names
+from ._registry import default_attention as default_attention
 from ._registry import get_attention as get_attention
 from ._registry import register_attention as register_attention
 from ._registry import unregister_attention as unregister_attention
@@ -104,6 +106,7 @@ __all__ = [
     "Tagger",
     "Transformer",
     "attention_names",
+    "default_attention",
     "attractor_sgd_step",
     "causal_mask",
     "decode_init",
@@ -114,6 +117,7 @@ __all__ = [
     "get_attention",
     "model_analysis",
     "param_labels",
+    "pool_attention",
     "register_attention",
     "steady_state_analysis",
     "unregister_attention",

@@ -14,6 +14,7 @@ from jaxtyping import Array, Int, PRNGKeyArray
 
 from ._diagnostics import Diagnostics
 from ._neurogame import NeuroGameAttention
+from ._registry import Registration, get_attention
 from ._transformer import Transformer
 
 POOLS = ("mean", "cls", "ngt")
@@ -33,6 +34,15 @@ class PairDiagnostics(eqx.Module):
     def solver(self):
         return self.encoder.solver
 
+
+
+def pool_attention(pool: str) -> Optional[Registration]:
+    """The registered attention whose config section configures the pooled head `pool`
+    (`"ngt"`: NeuroGame attention, options from `model.neurogame`), or None for a pool
+    without options (`"mean"`, `"cls"`)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool={pool!r}; choose one of {POOLS}.")
+    return get_attention(NeuroGameAttention) if pool == "ngt" else None
 
 class PairClassifier(eqx.Module):
     """Classify a sentence pair: `inputs (2, n) -> logits (num_classes,)`.

@@ -15,15 +15,16 @@ class HopfieldAttention(eqx.Module):
         return dict(beta=section.beta)
 ```
 
-After registration `Transformer(attention="hopfield")` builds it, `spinformer.config` gains the
-section `model.hopfield` and the choice `model.attention: hopfield`, and
+After registration `Transformer(attention="hopfield")` builds it, every `ModelConfig` made
+from then on has the section `model.hopfield` and the choice `model.attention: hopfield` (the
+config reads the registry when it is made, so it is never stale), and
 `spinformer.train.build_model` passes `from_config(cfg.model.hopfield)` to the constructor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 # The coupling fields assumed for an attention that does not declare its own: the maps that
 # build attention weights from queries and keys.
@@ -32,6 +33,7 @@ COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
 __all__ = [
     "Registration",
     "attention_names",
+    "default_attention",
     "get_attention",
     "register_attention",
     "unregister_attention",
@@ -56,6 +58,10 @@ class Registration:
     - `coupling_fields`: the names of the module's fields whose parameters define its
       couplings (e.g. the query/key maps, or Ising couplings J); `nn.param_labels` puts them
       in the optimizer group "couplings".
+    - `carries_state`: `carries_state(section) -> bool`, whether the module built from these
+      options carries a state from one call to the next (`state=`, streaming data), or None
+      if it never does; `carries_state_when` says in config keys what makes it so.
+    - `default`: this attention is `model.attention`'s default.
     """
 
     name: str
@@ -65,6 +71,9 @@ class Registration:
     takes_max_len: bool = False
     min_head_dim: int = 1
     coupling_fields: tuple[str, ...] = COUPLING_FIELDS
+    carries_state: Optional[Callable[[Any], bool]] = None
+    carries_state_when: str = ""
+    default: bool = False
 
     def kwargs_from(self, section) -> dict:
         """Constructor keyword arguments from the config section (`{}` without a config)."""
@@ -77,18 +86,6 @@ class Registration:
 
 
 _REGISTRY: dict[str, Registration] = {}
-_LISTENERS: list[Callable[[], None]] = []
-
-
-def _changed():
-    for fn in _LISTENERS:
-        fn()
-
-
-def on_change(fn: Callable[[], None]) -> None:
-    """Call `fn()` whenever an attention is registered or removed (the config schema rebuilds
-    `ModelConfig` this way)."""
-    _LISTENERS.append(fn)
 
 
 def register_attention(
@@ -99,6 +96,9 @@ def register_attention(
     takes_max_len: bool = False,
     min_head_dim: int = 1,
     coupling_fields: tuple[str, ...] = COUPLING_FIELDS,
+    carries_state: Optional[Callable[[Any], bool]] = None,
+    carries_state_when: str = "",
+    default: bool = False,
 ):
     """Class decorator: register an attention module under `name`.
 
@@ -113,6 +113,11 @@ def register_attention(
     - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
     - `coupling_fields`: the fields holding the parameters that define the couplings (the
       optimizer group "couplings" of `nn.param_labels`).
+    - `carries_state`, `carries_state_when`: `carries_state(section) -> bool` says whether the
+      module built from a config section carries its state between calls (the condition
+      streaming data needs), and `carries_state_when` says so in config keys, e.g.
+      `"model.spin.mode=steps and model.spin.init=carried"`.
+    - `default`: make this the default of `model.attention` (one registration at most).
 
     **Returns:** the decorator, which returns the class unchanged.
     """
@@ -130,9 +135,12 @@ def register_attention(
         if config is not None and not callable(getattr(cls, "from_config", None)):
             raise TypeError(f"register_attention({name!r}): {cls.__name__} has a config "
                             "section, so it needs a classmethod from_config(section) -> dict.")
+        if default and any(r.default and r.name != name for r in _REGISTRY.values()):
+            raise ValueError(f"register_attention({name!r}, default=True): "
+                             f"{default_attention()!r} is already the default.")
         _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim,
-                                       tuple(coupling_fields))
-        _changed()
+                                       tuple(coupling_fields), carries_state,
+                                       carries_state_when, default)
         return cls
 
     return decorate
@@ -141,7 +149,17 @@ def register_attention(
 def unregister_attention(name: str) -> None:
     """Remove a registered attention (e.g. one a test registered)."""
     _REGISTRY.pop(name)
-    _changed()
+
+
+def default_attention() -> str:
+    """The default of `model.attention`: the registration made with `default=True`, else the
+    first registered."""
+    for reg in _REGISTRY.values():
+        if reg.default:
+            return reg.name
+    if not _REGISTRY:
+        raise ValueError("no attention is registered.")
+    return next(iter(_REGISTRY))
 
 
 def attention_names() -> tuple[str, ...]:

@@ -127,7 +127,11 @@ def _solver_and_adjoint(section: SpinConfig):
 
 # The query/key maps build the couplings J: they form the optimizer group "couplings".
 @register_attention("spin", config=SpinConfig, help="vector-spin mean field",
-                    min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"))
+                    min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"),
+                    carries_state=lambda s: s.mode == "steps" and s.init == "carried",
+                    carries_state_when="model.spin.mode=steps and model.spin.init=carried "
+                                       "(num_steps=1: one time step per call)",
+                    default=True)
 class SpinAttention(eqx.Module):
     """Multi-head spin attention; one example per call.
 

@@ -100,7 +100,7 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     attention and the task."""
     m = cfg.model
     reg = _nn.get_attention(m.attention)
-    section = getattr(m, reg.name) if reg.config is not None else None
+    section = m.section(reg.name)
     common = dict(
         dim=m.dim, depth=m.depth, num_heads=m.num_heads, max_len=dataset.seq_len,
         attention=reg.cls, attention_kwargs=reg.kwargs_from(section),
@@ -117,10 +117,10 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                 conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
                 positions=m.positions, dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
-            ngt = _nn.get_attention("neurogame")
+            head = _nn.pool_attention(m.pool)
             return _nn.PairClassifier(
                 dataset.vocab_size, dataset.num_classes, pool=m.pool,
-                pool_kwargs=ngt.kwargs_from(m.neurogame) if m.pool == "ngt" else None,
+                pool_kwargs=head.kwargs_from(m.section(head.name)) if head else None,
                 key=k, **common)
         if dataset.kind == "lm":
             return _nn.CausalLM(dataset.vocab_size, key=k, **common, **sequence)
