@@ -312,7 +312,8 @@ def test_magnetizations_fixed_j_vs_finite_differences(x64):
 
     @jax.jit
     def run(x):
-        m, sol = fe.magnetizations(x, J, return_solution=True, **kw)
+        sol = fe.saddle(x, J, **kw)
+        m = fe.magnetizations(x, J, saddle=sol, **kw)
         y = x / math.sqrt(D)
         m_norm = fe.magnetizations(y, J, normalized=True, **kw)
         m_call = fe.magnetizations(x, lambda _: J, **kw)  # the callable path, raw fields
@@ -433,7 +434,8 @@ def test_float32_gradients_and_vmap():
 
     def batch(J, Hs):
         def one(H):
-            return fe.magnetizations(H, J, beta=2.0, normalized=True, return_solution=True)
+            sol = fe.saddle(H, J, beta=2.0, normalized=True)
+            return fe.magnetizations(H, J, beta=2.0, normalized=True, saddle=sol), sol
 
         m, sol = jax.vmap(one)(Hs)
         return m, sol.value
@@ -482,8 +484,10 @@ def test_failures_are_reported_never_silent():
     t_bad = np.zeros(n)
     sol = fe.saddle(H, J, beta=1.0, t0=t_bad, throw=False)
     assert int(sol.result) == solvers.RESULTS.nonfinite
-    logz, sol2 = fe.log_partition(H, J, beta=1.0, t0=t_bad, throw=False, return_solution=True)
-    assert np.isnan(logz) and int(sol2.result) != solvers.RESULTS.successful
+    assert np.isnan(fe.log_partition(H, J, beta=1.0, t0=t_bad, throw=False))
+    assert np.isnan(fe.log_partition(H, J, beta=1.0, saddle=sol))  # a failed saddle reused
+    with pytest.raises(ValueError, match="saddle.value has shape"):
+        fe.log_partition(H[:-1], J[:-1, :-1], beta=1.0, saddle=sol)
     assert np.all(np.isnan(fe.magnetizations(H, J, beta=1.0, t0=t_bad, throw=False)))
     with pytest.raises(eqx.EquinoxRuntimeError, match="t0 does not make V"):
         fe.saddle(H, J, beta=1.0, t0=t_bad)

@@ -172,10 +172,11 @@ class FreeEnergyAttention(eqx.Module):
         return J
 
     def _one_head(self, h, J, Q, K, mask):
-        kw = dict(beta=self.beta, normalized=True, solver=self.solver, adjoint=self.adjoint,
-                  throw=self.throw, return_solution=True)
+        kw = dict(beta=self.beta, normalized=True)
         if Q is None:
-            m, sol = fe.magnetizations(h, J, **kw)
+            sol = fe.saddle(h, J, solver=self.solver, adjoint=self.adjoint, throw=self.throw,
+                            **kw)
+            m = fe.magnetizations(h, J, saddle=sol, **kw)
         else:
             def coupling_fn(hh):
                 Jx = fe.tanh_couplings(hh, Q, K)
@@ -184,7 +185,9 @@ class FreeEnergyAttention(eqx.Module):
                     Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
                 return Jx
 
-            m, sol = fe.magnetizations(h, coupling_fn, **kw)
+            sol = fe.saddle(h, coupling_fn, solver=self.solver, adjoint=self.adjoint,
+                            throw=self.throw, **kw)
+            m = fe.magnetizations(h, coupling_fn, saddle=sol, **kw)
         ok = sol.result == solvers.RESULTS.successful
         # a failed saddle gives zeros with no gradient (and is counted in the diagnostics)
         m = jnp.where(ok, m, jax.lax.stop_gradient(jnp.zeros_like(m)))

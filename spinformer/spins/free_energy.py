@@ -125,7 +125,7 @@ to N products of O(N³) each.
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import equinox as eqx
 import jax
@@ -620,9 +620,19 @@ def saddle(
     return _saddle_G("saddle", G, J, beta, kappa, t0, solver, adjoint, throw)
 
 
-def _solved(name, H, J, beta, normalized, t0, solver, adjoint, throw):
+def _solved(name, H, J, beta, normalized, t0, solver, adjoint, throw, saddle):
     H, J, beta, kappa, G, D = _prepare(name, H, J, beta, normalized)
-    sol = _saddle_G(name, G, J, beta, kappa, t0, solver, adjoint, throw)
+    if saddle is None:
+        sol = _saddle_G(name, G, J, beta, kappa, t0, solver, adjoint, throw)
+    else:
+        if not isinstance(saddle, solvers.Solution):
+            raise TypeError(f"{name}: saddle= takes the Solution that saddle(H, J, ...) "
+                            f"returned, got {type(saddle).__name__}.")
+        if jnp.shape(saddle.value) != (H.shape[0],):
+            raise ValueError(f"{name}: saddle.value has shape {jnp.shape(saddle.value)}; the "
+                             f"saddle of these {H.shape[0]} spins has shape ({H.shape[0]},). "
+                             "Pass the Solution of saddle() called with the same H and J.")
+        sol = saddle
     ok = sol.result == solvers.RESULTS.successful
     return H, J, beta, kappa, G, D, sol, ok
 
@@ -652,7 +662,7 @@ def log_partition(
     solver: Solver = None,
     adjoint: Adjoint = None,
     throw: bool = True,
-    return_solution: bool = False,
+    saddle: Optional[solvers.Solution] = None,
 ):
     """Steepest-descent approximation of ln Z for Z = ∫Π dσ_i δ(D − |σ_i|²) exp(−βE):
 
@@ -664,13 +674,14 @@ def log_partition(
     dependence drops out of first derivatives by stationarity.
 
     **Arguments:** as `saddle`, plus `fluctuations` (add the Gaussian integral over t around
-    t*) and `return_solution` (also return the saddle's `Solution`).
+    t*) and `saddle`: the `Solution` that `saddle(H, J, ...)` returned for the same
+    arguments, used instead of solving again (so its steps, residual and result can be
+    read; `t0`, `solver`, `adjoint`, `throw` are then unused; gradients flow through it).
 
-    **Returns:** a scalar (NaN if the saddle failed with `throw=False`), or
-    `(log_z, solution)` with `return_solution=True`.
+    **Returns:** a scalar (NaN if the saddle failed with `throw=False`).
     """
     H, J, beta, kappa, G, D, sol, ok = _solved(
-        "log_partition", H, J, beta, normalized, t0, solver, adjoint, throw
+        "log_partition", H, J, beta, normalized, t0, solver, adjoint, throw, saddle
     )
     n = H.shape[0]
     t = sol.value
@@ -681,7 +692,7 @@ def log_partition(
         val = val + n * jnp.log(beta / (2 * jnp.pi)) + 0.5 * n * math.log(2 * math.pi / D)
         val = val - 0.5 * logdet
     val = _nan_unless(ok, val)
-    return (val, sol) if return_solution else val
+    return val
 
 
 def free_energy(
@@ -694,7 +705,7 @@ def free_energy(
     solver: Solver = None,
     adjoint: Adjoint = None,
     throw: bool = True,
-    return_solution: bool = False,
+    saddle: Optional[solvers.Solution] = None,
 ):
     """−βf = φ(t*) − N/2 − (N/2) ln(2β), the post's boxed large-D free energy
     lim_{D→∞} D⁻¹ ln(Z/Z₀) (note: this returns −βf, which grows with ln Z).
@@ -703,18 +714,18 @@ def free_energy(
     D); with raw fields the field term is O(1/D). The finite-D counterpart is
     `(log_partition(...) − log_measure(N, D)) / D`, which differs by O(ln D / D).
 
-    **Arguments:** as `saddle`, plus `return_solution`.
+    **Arguments:** as `saddle`, plus `saddle`: the `Solution` that `saddle(H, J, ...)`
+    returned for the same arguments, used instead of solving again (see `log_partition`).
 
-    **Returns:** a scalar (NaN if the saddle failed with `throw=False`), or
-    `(value, solution)`.
+    **Returns:** a scalar (NaN if the saddle failed with `throw=False`).
     """
     H, J, beta, kappa, G, D, sol, ok = _solved(
-        "free_energy", H, J, beta, normalized, t0, solver, adjoint, throw
+        "free_energy", H, J, beta, normalized, t0, solver, adjoint, throw, saddle
     )
     n = H.shape[0]
     val = _phi_G(sol.value, G, J, beta, kappa) - 0.5 * n - 0.5 * n * jnp.log(2.0 * beta)
     val = _nan_unless(ok, val)
-    return (val, sol) if return_solution else val
+    return val
 
 
 def magnetizations(
@@ -727,7 +738,7 @@ def magnetizations(
     solver: Solver = None,
     adjoint: Adjoint = None,
     throw: bool = True,
-    return_solution: bool = False,
+    saddle: Optional[solvers.Solution] = None,
 ):
     """Spin expectation values ⟨σ_i⟩ = β⁻¹ ∂ ln Z/∂h_i from the steepest-descent ln Z.
 
@@ -742,13 +753,14 @@ def magnetizations(
     adjoint. The leading order of the expansion: the fluctuation term of `log_partition`
     is not differentiated.
 
-    **Arguments:** as `saddle`, plus `return_solution`.
+    **Arguments:** as `saddle`, plus `saddle`: the `Solution` that `saddle(H, J, ...)`
+    returned for the same arguments, used instead of solving again (see `log_partition`).
 
-    **Returns:** `(n, D)` (NaN if the saddle failed with `throw=False`), or `(m, solution)`.
+    **Returns:** `(n, D)` (NaN if the saddle failed with `throw=False`).
     """
     couplings = J
     H, J, beta, kappa, G, D, sol, ok = _solved(
-        "magnetizations", H, J, beta, normalized, t0, solver, adjoint, throw
+        "magnetizations", H, J, beta, normalized, t0, solver, adjoint, throw, saddle
     )
     t = sol.value
     if callable(couplings):
@@ -762,7 +774,7 @@ def magnetizations(
         L, _ = _chol(_V(t, J))
         m = 0.5 * cho_solve((L, True), H)
     m = _nan_unless(ok, m)
-    return (m, sol) if return_solution else m
+    return m
 
 
 def tanh_couplings(
