@@ -28,7 +28,6 @@ clipped to [0, 1] after the paper's variance rescaling (`data.noisy_images`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
@@ -45,6 +44,9 @@ import yaml
 
 import spinformer as sf
 from spinformer.data import mask_images, noisy_images, patchify, unpatchify
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "attractor" / "fmnist.yaml"
@@ -650,12 +652,9 @@ def write_report(cfg, res, out_dir):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("run", "report", "all"))
+    p = make_parser(__doc__, runs=None, results="attractor")
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
     p.add_argument("--set", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--runs", default=None)
-    p.add_argument("--results", default=None)
     p.add_argument("--only", nargs="*", default=None, choices=MODELS,
                    help="train only these models")
     p.add_argument("--quiet", action="store_true")
@@ -663,17 +662,20 @@ def main(argv=None):
     cfg = load_config(a.config, a.set)
     name = pathlib.Path(a.config).stem
     runs = pathlib.Path(a.runs or f"runs/attractor_{name}")
-    results = pathlib.Path(a.results or (ROOT / "experiments" / "results" / "attractor"))
+    results = pathlib.Path(a.results)
     images = load_images(cfg)
-    if a.command in ("run", "all"):
+
+    def run(_):
         for m in a.only or models(cfg):
             st = train_model(cfg, m, images, runs, progress=not a.quiet)
             print(f"{m}: epoch {st['epoch']}/{st['epochs']}, {st['wall_s']:.0f} s, "
                   f"loss {st['loss'][-1] if st['loss'] else float('nan'):.5g}", flush=True)
-    if a.command in ("report", "all"):
-        res = evaluate(cfg, images, runs, progress=not a.quiet)
-        out = write_report(cfg, res, results)
+
+    def report(_):
+        out = write_report(cfg, evaluate(cfg, images, runs, progress=not a.quiet), results)
         print(f"report written to {out}")
+
+    dispatch(a, run=run, report=report)
     return 0
 
 

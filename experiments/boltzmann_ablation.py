@@ -30,7 +30,6 @@ seed's anneal and a scan of anneal times) with exact inference.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -44,6 +43,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
 from _stats import t975  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -280,18 +280,6 @@ def _curves(rows, task, T, ffn, key, path, title, modes=MODES):
     plt.close(fig)
 
 
-def load_model(run_dir):
-    """The trained model of a finished run directory (its last checkpoint)."""
-    cfg = sf.config.load_config(pathlib.Path(run_dir) / "config.yaml")
-    dataset = sf.train.build_dataset(cfg)
-    like = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
-    opt = sf.train.build_optimizer(cfg)
-    got = sf.train.load_latest(run_dir, (like, sf.train.init_opt_state(opt, like)))
-    if got is None:
-        raise FileNotFoundError(f"{run_dir}: no checkpoint to load.")
-    return cfg, dataset, got[1]
-
-
 def _attention(model):
     """The (single-layer) Boltzmann attention module of a Tagger / CausalLM."""
     blocks = model.transformer.blocks
@@ -304,7 +292,7 @@ def _couplings_figure(rows, task, T, ffn, results):
         return None
     Js = []
     for r in runs:
-        _, _, model = load_model(r["dir"])
+        _, _, model = sf.train.load_run(r["dir"])
         J, _ = _attention(model).couplings(T)
         Js.append(np.asarray(J[0]))
     Js = np.stack(Js)  # (seeds, T, T)
@@ -462,7 +450,7 @@ def cmd_approx(args):
     if not (run_dir / "summary.json").exists():
         print(f"{run_dir} is not finished; run the sweep first.")
         return
-    cfg, dataset, trained = load_model(run_dir)
+    cfg, dataset, trained = sf.train.load_run(run_dir)
     batch = dataset.batch(0, "val")
     tokens = jnp.asarray(batch["inputs"][: (4 if args.quick else 16)])
     ns = 64 if args.quick else 1024
@@ -525,14 +513,11 @@ def cmd_approx(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "report", "approx", "all"))
+    p = make_parser(__doc__, runs="boltzmann_ablation", results="boltzmann",
+                    commands=("run", "report", "approx"))
     p.add_argument("--tasks", default="brackets,chars",
                    help="comma-separated: brackets, chars (default both)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per (task, T, FFN, mode)")
-    p.add_argument("--runs", default=str(ROOT / "runs/boltzmann_ablation"))
-    p.add_argument("--results", default=str(ROOT / "experiments/results/boltzmann"))
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test only")
     p.add_argument("--extras", choices=("yes", "no", "only"), default="yes",
                    help=f"also train the variants {sorted(EXTRAS)} (default), not them, or "
@@ -550,12 +535,7 @@ def main(argv=None):
     bad = [t for t in args.tasks if t not in CONFIGS]
     if bad:
         p.error(f"unknown task(s) {bad}; choose from {sorted(CONFIGS)}.")
-    if args.command in ("run", "all"):
-        cmd_run(args)
-    if args.command in ("report", "all"):
-        cmd_report(args)
-    if args.command in ("approx", "all"):
-        cmd_approx(args)
+    dispatch(args, run=cmd_run, report=cmd_report, approx=cmd_approx)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ smoke test on the scikit-learn digits (not a result).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -44,6 +43,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import chosen, dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -167,10 +167,7 @@ def train_watched(cfg, out: pathlib.Path, stall_s: float) -> dict:
 
 def cmd_run(args):
     runs = pathlib.Path(args.runs)
-    variants = args.variants.split(",") if args.variants else list(MAIN)
-    for name in variants:
-        if name not in VARIANTS:
-            raise SystemExit(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+    variants = chosen(args.variants, VARIANTS, MAIN)
     for seed in range(args.seeds):
         for variant in variants:
             cfg = config_for(variant, seed, args.quick, args.steps)
@@ -358,10 +355,7 @@ def _plot_couplings(run_dir, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("run", "report", "all"))
-    p.add_argument("--runs", default=str(ROOT / "runs/implicit_images"))
-    p.add_argument("--results", default=str(ROOT / "experiments/results/implicit"))
+    p = make_parser(__doc__, runs="implicit_images", results="implicit")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated, from {list(VARIANTS)} (default: {','.join(MAIN)})")
     p.add_argument("--seeds", type=int, default=3)
@@ -370,11 +364,7 @@ def main(argv=None):
     p.add_argument("--stall", type=float, default=60.0,
                    help="restart a run from its last checkpoint after this many seconds "
                         "without a new metrics line or CPU time spent (a deadlock)")
-    args = p.parse_args(argv)
-    if args.command in ("run", "all"):
-        cmd_run(args)
-    if args.command in ("report", "all"):
-        cmd_report(args)
+    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)
 
 
 if __name__ == "__main__":

@@ -30,20 +30,19 @@ model on a negation pair). `--quick` shrinks everything (a smoke test, not a res
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 import time
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import chosen, dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -51,7 +50,7 @@ BASE = ROOT / "configs/nli_softmax.yaml"
 # name -> (overrides on the base config, label)
 # The NGT variants pin the unrolled adjoint (backpropagation through the Picard iterations, as
 # the paper's code); `ngt_implicit` is the same model with the library's default implicit one.
-_NGT = {"model.pool": "ngt", "model.neurogame.adjoint": "unrolled"}
+_NGT = {"model.pool": "ngt", "model.neurogame.adjoint.name": "unrolled"}
 _SHORT = {"data.phenomena": "negation,quantifier,lexical", "data.seq_len": 13}
 # the variant each one's gap is paired to (default: softmax)
 # (the ablations of the NGT head are paired to `ngt`, the estimator study to `short_mc`)
@@ -65,10 +64,10 @@ VARIANTS = {
     # needs more than 100 is unchanged by the larger budget
     "boltzmann": ({"model.attention": "boltzmann", "model.boltzmann.mode": "hJ",
                    "model.boltzmann.inference": "mean_field",
-                   "model.boltzmann.max_steps": 300},
+                   "model.boltzmann.solver.max_steps": 300},
                   "Boltzmann h+J encoder (mean field, ≤ 300 steps), mean pool"),
     "ngt": (_NGT, "softmax encoder + NGT pooled head (mc)"),
-    "ngt_implicit": ({**_NGT, "model.neurogame.adjoint": "implicit"},
+    "ngt_implicit": ({**_NGT, "model.neurogame.adjoint.name": "implicit"},
                      "NGT head, implicit adjoint"),
     "ngt_lambda1": ({**_NGT, "model.neurogame.gate": "shapley"},
                     "NGT head, λ ≡ 1 (Shapley only)"),
@@ -85,7 +84,7 @@ VARIANTS = {
     "short_exact": ({**_SHORT, **_NGT, "model.neurogame.estimator": "exact"},
                     "NGT head (exact values), 13-slot task"),
     "ngt_query": ({"model.attention": "neurogame", "model.neurogame.mode": "query",
-                   "model.neurogame.adjoint": "unrolled"},
+                   "model.neurogame.adjoint.name": "unrolled"},
                   "NGT per-query games in the encoder (extension), mean pool"),
 }
 TEST_BATCHES = 16
@@ -116,17 +115,14 @@ def plan(variants, seeds):
 
 
 def _test_metrics(run_dir: pathlib.Path, cfg, quick: bool) -> dict:
-    cfg_, dataset, model = load_model(run_dir)
+    cfg_, dataset, model = sf.train.load_run(run_dir)
     n = 1 if quick else TEST_BATCHES
     return sf.train.evaluate(model, [dataset.batch(i, "test") for i in range(n)])
 
 
 def cmd_run(args):
     runs = pathlib.Path(args.runs)
-    variants = args.variants.split(",") if args.variants else list(VARIANTS)
-    for name in variants:
-        if name not in VARIANTS:
-            raise SystemExit(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+    variants = chosen(args.variants, VARIANTS, VARIANTS)
     for variant, seed in plan(variants, args.seeds):
         cfg = config_for(variant, seed, args.quick, args.steps)
         if not usable(variant, cfg):
@@ -155,18 +151,6 @@ def cmd_run(args):
         (out / "test.json").write_text(json.dumps(test, indent=2))
         print(f"{variant} seed {seed}: val {summary['metrics']['accuracy']:.3f} test "
               f"{test['accuracy']:.3f} ({time.time() - t0:.0f} s)", flush=True)
-
-
-def load_model(run_dir):
-    """The trained model of a finished run directory (its last checkpoint)."""
-    cfg = sf.config.load_config(pathlib.Path(run_dir) / "config.yaml")
-    dataset = sf.train.build_dataset(cfg)
-    like = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
-    opt = sf.train.build_optimizer(cfg)
-    got = sf.train.load_latest(run_dir, (like, sf.train.init_opt_state(opt, like)))
-    if got is None:
-        raise FileNotFoundError(f"{run_dir}: no checkpoint to load.")
-    return cfg, dataset, got[1]
 
 
 def _last_step(run_dir: pathlib.Path):
@@ -285,7 +269,7 @@ def negation_figure(run_dir, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cfg, dataset, model = load_model(run_dir)
+    cfg, dataset, model = sf.train.load_run(run_dir)
     inputs, label = _negation_pair(dataset)
     tokens = jnp.asarray(inputs)
     valid = np.asarray(tokens[0] != 0)
@@ -324,21 +308,13 @@ def negation_figure(run_dir, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "report", "all"))
+    p = make_parser(__doc__, runs="ngt_nli", results="ngt")
     p.add_argument("--seeds", type=int, default=5, help="seeds per variant")
     p.add_argument("--variants", default=None, help="comma-separated subset of the variants")
     p.add_argument("--steps", type=int, default=None, help="override train.steps")
-    p.add_argument("--runs", default=str(ROOT / "runs/ngt_nli"),
-                   help="run directory (report: several, comma-separated, are merged)")
-    p.add_argument("--results", default=str(ROOT / "experiments/results/ngt"))
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test only")
-    args = p.parse_args(argv)
-    if args.command in ("run", "all"):
-        cmd_run(args)
-    if args.command in ("report", "all"):
-        cmd_report(args)
+    # report: several run directories, comma-separated, are merged
+    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)
 
 
 if __name__ == "__main__":

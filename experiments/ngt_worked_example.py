@@ -3,8 +3,8 @@ estimators converge to (D. Bouchaffra, F. Ykhlef, H. Azzag, M. Lebbah, B. Faye,
 "NeuroGame Transformer: Gibbs-Inspired Attention Driven by Game Theory and Statistical
 Physics"; NGT below).
 
-    python experiments/ngt_worked_example.py            # both reports (one to two minutes on CPU)
-    python experiments/ngt_worked_example.py --quick    # smaller sample sizes (a smoke test)
+    python experiments/ngt_worked_example.py run          # both reports (1-2 minutes on CPU)
+    python experiments/ngt_worked_example.py run --quick  # smaller sample sizes (a smoke test)
 
 `worked_example.md`: NGT §5 ("not good movie", three tokens): the coalition values as given,
 their exact Shapley values, Banzhaf indices and interactions, every printed number of the
@@ -24,7 +24,7 @@ Everything runs in float64. Both files go to `--results` (default
 
 from __future__ import annotations
 
-import argparse
+import sys
 import itertools
 import math
 import pathlib
@@ -37,8 +37,10 @@ import numpy as np
 from spinformer.spins import coalitions as co
 from spinformer.spins import ising
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "experiments" / "results" / "ngt"
 CITE = ("D. Bouchaffra, F. Ykhlef, H. Azzag, M. Lebbah, B. Faye, \"NeuroGame Transformer: "
         "Gibbs-Inspired Attention Driven by Game Theory and Statistical Physics\"")
 
@@ -555,10 +557,13 @@ def summary(rows, gammas, num_samples, n, num_games, bias_rows, i, exact, mu):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__, runs=False, results="ngt", commands=("run",))
     parser.add_argument("--quick", action="store_true", help="small sample sizes (smoke test)")
-    parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    dispatch(parser.parse_args(argv), run=run)
+
+
+def run(args):
+    args.results = pathlib.Path(args.results)
     args.results.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with jax.enable_x64(True):

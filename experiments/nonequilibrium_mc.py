@@ -2,9 +2,10 @@
 of kinetic vector spins (M. Bal, "Entropy Production in Non-Equilibrium Neural Networks" (2026),
 mcbal.github.io; the model of "Spin-Model Transformers" (2023)).
 
-    python experiments/nonequilibrium_mc.py            # every entry not yet in the JSON
-    python experiments/nonequilibrium_mc.py --quick    # a smoke test (separate output folder)
-    python experiments/nonequilibrium_mc.py --report   # tables and figure from the JSON only
+    python experiments/nonequilibrium_mc.py all            # every entry not yet in the JSON,
+                                                           # then the tables and figure
+    python experiments/nonequilibrium_mc.py all --quick    # a smoke test (separate folder)
+    python experiments/nonequilibrium_mc.py report         # tables and figure from the JSON
 
 The kinetics P(s_t | s_{t−1}) = Π_i p(s_i,t | x_i + Σ_j J_ij s_j,t−1), p(s | θ) ∝ exp(β s·θ) on
 the sphere of radius R in ℝ^D, is simulated exactly (`samplers.simulate_vector_kinetics`, parallel
@@ -27,7 +28,7 @@ Writes `monte_carlo.json`, `monte_carlo.md` and `monte_carlo.png` under `--out`.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import json
 import pathlib
 import time
@@ -40,6 +41,9 @@ import scipy.special as sp
 from tqdm import tqdm
 
 from spinformer.spins import samplers, vector
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "experiments" / "results" / "nonequilibrium"
@@ -493,13 +497,12 @@ def figure(res, cfg, out_dir):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=pathlib.Path, default=None)
+    p = make_parser(__doc__, runs=False, results=None)
     p.add_argument("--quick", action="store_true", help="tiny smoke test")
-    p.add_argument("--report", action="store_true", help="only rewrite the tables and figure")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or (DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
+    out_dir = (pathlib.Path(args.results) if args.results
+               else DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "monte_carlo.json"
     res = json.loads(path.read_text()) if path.exists() else {}
@@ -514,14 +517,15 @@ def main(argv=None):
                partial(measure_sign_steady, cfg, s, sym))
               for sym in (False, True) for s in range(cfg["sign_seeds"] // (2 if sym else 1))]
     tasks += [("sign/transient", partial(measure_transient, cfg))]
-    if not args.report:
+    def run(_):
         todo = [(k, f) for k, f in tasks if k not in res]
         start = time.time()
         for k, f in tqdm(todo, desc="entries"):
             res[k] = f()
             res[k]["seconds"] = round(time.time() - start, 1)
             save()
-    report(res, cfg, out_dir)
+
+    dispatch(args, run=run, report=lambda _: report(res, cfg, out_dir))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ parameters, wall time) and paired gaps to `softmax` and to `spin` on the seeds b
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -31,6 +30,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -256,21 +256,14 @@ def _plot(runs, rows, order, metric, path, scale) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("command", choices=("run", "report", "all"))
+    p = make_parser(__doc__, runs="spin_lm", results="spin_lm")
     p.add_argument("--suite", choices=tuple(SUITES), default="quickstart")
     p.add_argument("--variants", help="comma-separated variant names (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--steps", type=int, help="optimizer steps (default: the suite's)")
     p.add_argument("--data", help="the text file for the shakespeare suite (default: the "
                    "fetched Shakespeare)")
-    p.add_argument("--runs", default=str(ROOT / "runs" / "spin_lm"))
-    p.add_argument("--results", default=str(ROOT / "experiments" / "results" / "spin_lm"))
-    args = p.parse_args(argv)
-    if args.command in ("run", "all"):
-        cmd_run(args)
-    if args.command in ("report", "all"):
-        cmd_report(args)
+    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)
 
 
 if __name__ == "__main__":

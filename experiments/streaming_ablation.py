@@ -24,7 +24,6 @@ t-intervals over seeds. `--data PATH` points at the text (default: the fetched S
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -34,6 +33,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -120,20 +120,13 @@ def cmd_report(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("command", choices=("run", "report", "all"))
+    p = make_parser(__doc__, runs="streaming_ablation", results="nonequilibrium")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--weight", type=float, default=0.01, help="|train.entropy_weight|")
     p.add_argument("--data", help="the text file (default: the config's, the fetched "
                    "Shakespeare)")
-    p.add_argument("--runs", default=str(ROOT / "runs" / "streaming_ablation"))
-    p.add_argument("--results", default=str(ROOT / "experiments" / "results" / "nonequilibrium"))
-    args = p.parse_args(argv)
-    if args.command in ("run", "all"):
-        cmd_run(args)
-    if args.command in ("report", "all"):
-        cmd_report(args)
+    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)
 
 
 if __name__ == "__main__":

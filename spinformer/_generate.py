@@ -27,8 +27,6 @@ def load_language_model(run_dir):
     `config.yaml`), a run that is not a character language model, or one without a
     checkpoint.
     """
-    import jax
-
     from . import config as _config
     from . import train
 
@@ -52,15 +50,12 @@ def load_language_model(run_dir):
     else:
         dataset = train.build_dataset(cfg)
         chars = list(dataset.chars)
-    like = train.build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
-    got = train.load_latest(run, like)  # (a streaming run's state follows: not read)
-    if got is None and train.list_checkpoints(run) == [] and (run / "orbax").exists():
-        got = (None, train.load_run(run)[2])  # orbax checkpoints: the whole tree
-    if got is None:
+    try:
+        _, _, model = train.load_run(run, dataset=dataset)
+    except FileNotFoundError:
         raise GenerateError(f"{run} has no readable checkpoint yet; train it first (or "
-                            "continue it with `spinformer run ... --resume`).")
-    return cfg, chars, got[1]
+                            "continue it with `spinformer run ... --resume`).") from None
+    return cfg, chars, model
 
 
 class _VocabOnly:

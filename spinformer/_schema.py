@@ -7,7 +7,7 @@ Imports only the standard library, so any module may define a section without im
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 __all__ = ["ConfigError", "option"]
 
@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 def option(
     default: Any,
     help: str,
-    choices: Optional[tuple] = None,
+    choices: Union[tuple, Callable[[], tuple], None] = None,
     *,
     renamed: Optional[Mapping[Any, Any]] = None,
 ):
@@ -28,9 +28,10 @@ def option(
     **Arguments:**
 
     - `default`: the default value, or a config dataclass (a nested section, built with its
-      own defaults).
+      own defaults), or an instance of one (a nested section with these defaults).
     - `help`: one line saying what the field means (`spinformer.config.describe` prints it).
-    - `choices`: the allowed values, if the field is an enumeration.
+    - `choices`: the allowed values, if the field is an enumeration (a tuple, or a function
+      returning one when the values are registered at run time).
     - `renamed`: old values that are no longer accepted, each mapped to its new name; reading
       one is an error that names the new value.
 
@@ -38,7 +39,7 @@ def option(
     """
     meta: dict[str, Any] = {"help": help}
     if choices is not None:
-        meta["choices"] = tuple(choices)
+        meta["choices"] = choices if callable(choices) else tuple(choices)
     if renamed:
         meta["renamed"] = dict(renamed)
     if isinstance(default, type) and dataclasses.is_dataclass(default):

@@ -396,8 +396,12 @@ def keys(cls=None) -> dict[str, Key]:
     """The keys of a config section (default: the whole `Config`), in order: its fields and,
     for `ModelConfig`, the section of every registered attention that declares one (read
     from the registry now). The one walk of the schema: reading, `--set`, `describe` and the
-    tests all use it."""
+    tests all use it. Given a section instance instead of its class, the defaults are that
+    instance's values (a family's own solver defaults, for example)."""
     cls = Config if cls is None else cls
+    if not isinstance(cls, type):
+        return {name: dataclasses.replace(k, default=getattr(cls, name))
+                for name, k in keys(type(cls)).items()}
     hints = _hints(cls)
     out: dict[str, Key] = {}
     for f in dataclasses.fields(cls):
@@ -475,6 +479,15 @@ def _coerce(value, tp, where: str):
     raise ConfigError(f"{where}: unsupported field type {tp!r}.")  # pragma: no cover
 
 
+def _moved_key(prefix: str, key: str, moved: str, value) -> ConfigError:
+    """The error for an old key: `moved` is its new key (relative to the same section), or,
+    when it has no one-to-one replacement, a sentence saying what replaces it."""
+    if " " in moved:
+        return ConfigError(f"{prefix}{key} is gone: {moved}")
+    new = prefix + moved + key[len(key.split(".")[0]):]
+    return ConfigError(f"{prefix}{key} is now {new}; set {new}={value} instead.")
+
+
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     full = prefix + key
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
@@ -484,25 +497,36 @@ def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     )
 
 
-def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
-    """Build `cls` (a config dataclass) from a nested dict, checking every key and type."""
+def from_dict(raw: Optional[dict], cls=None, prefix: str = "", *, base=None):
+    """Build `cls` (a config dataclass) from a nested dict, checking every key and type.
+    `base`: an instance of `cls` whose values are the defaults (a section whose default is
+    an instance, such as a family's `solver`)."""
     cls = Config if cls is None else cls
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
+        moved = getattr(cls, "_moved_value", None)
+        hint = f" {moved(prefix.rstrip('.'), raw)}" if moved else ""
         raise ConfigError(
             f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys to values, got "
-            f"{raw!r}."
+            f"{raw!r}.{hint}"
         )
+    if base is not None:
+        raw = {**to_dict(base), **raw}
     schema = keys(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs, sections = {}, {}
+    moved = getattr(cls, "_MOVED", {})
     for key, value in raw.items():
+        if key in moved and key not in schema:
+            raise _moved_key(prefix, key, moved[key], value)
         if key not in schema:
             raise _unknown_key(str(key), list(schema), prefix)
         k = schema[key]
         where = prefix + key
         if k.is_section:
-            (kwargs if key in fields else sections)[key] = from_dict(value, k.type, where + ".")
+            default = None if isinstance(k.default, type) else k.default
+            (kwargs if key in fields else sections)[key] = from_dict(value, k.type, where + ".",
+                                                                     base=default)
             continue
         v = _coerce(value, k.type, where)
         renamed = k.renamed or {}
@@ -544,12 +568,17 @@ def _set_dotted(raw: dict, dotted: str, value):
     for i, part in enumerate(parts):
         prefix = ".".join(parts[:i]) + ("." if i else "")
         schema = keys(cls)
+        moved = getattr(cls, "_MOVED", {})
+        if part not in schema and part in moved:
+            raise _moved_key(prefix, ".".join(parts[i:]), moved[part], value)
         if part not in schema:
             raise _unknown_key(part, list(schema), prefix)
         tp = schema[part].type
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
+                hint = getattr(tp, "_moved_value", None)
                 raise ConfigError(
+                    hint(dotted, value) if hint else
                     f"{dotted!r} is a section, not a value; set one of its keys, e.g. "
                     f"{dotted}.{dataclasses.fields(tp)[0].name}=..."
                 )
@@ -557,9 +586,12 @@ def _set_dotted(raw: dict, dotted: str, value):
             return
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"{prefix + part!r} is a value, not a section; cannot set {dotted!r}.")
-        node = node.setdefault(part, {})
+        parent = node
+        node = parent.setdefault(part, {})
         if node is None:
-            node = raw[part] = {}
+            node = parent[part] = {}
+        if not isinstance(node, dict):
+            from_dict(node, tp, prefix + part + ".")  # raises: names the key and the fix
         cls = tp
 
 
@@ -643,7 +675,8 @@ def describe(cls=None, prefix: str = "") -> str:
     for k in keys(cls).values():
         if k.is_section:
             lines.append(f"{prefix}{k.name}:  # {k.help}")
-            lines.append(describe(k.type, prefix + k.name + "."))
+            lines.append(describe(k.type if isinstance(k.default, type) else k.default,
+                                  prefix + k.name + "."))
         else:
             lines.append(f"{prefix}{k.name} = {k.default!r}  # {k.help}")
     return "\n".join(lines)

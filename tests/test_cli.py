@@ -23,7 +23,7 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
         "data.batch_size": 4, "data.eval_batches": 1, "data.seq_len": min(cfg.data.seq_len, 12),
         "model.dim": 8 * heads, "model.num_heads": heads, "model.depth": min(cfg.model.depth, 2),
         "model.ffn_hidden": min(cfg.model.ffn_hidden, 16),
-        "model.spin.max_steps": min(cfg.model.spin.max_steps, 8),
+        "model.spin.solver.max_steps": min(cfg.model.spin.solver.max_steps, 8),
         "model.spin.num_steps": min(cfg.model.spin.num_steps, 2),
     }
     if cfg.data.task in ("nli", "snli"):  # sentence pairs need their length

@@ -81,7 +81,7 @@ def test_ngt_nli_plan_and_configs():
         assert (cfg.model.dim, cfg.train.steps, cfg.data.task) == (
             base.model.dim, base.train.steps, base.data.task)  # equal width and budget
         if name.startswith("ngt") or name.startswith("short"):
-            assert cfg.model.neurogame.adjoint == (
+            assert cfg.model.neurogame.adjoint.name == (
                 "implicit" if name == "ngt_implicit" else "unrolled")
     assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
     assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"

@@ -404,13 +404,14 @@ def base_configs(draw, attentions, text_path):
                   "progress": False},
     }
     sections = {  # every solver and sampler small
-        "spin": {"max_steps": 4},
-        "boltzmann": {"num_samples": 4, "burn_in": 2, "dqa_steps": 4, "max_steps": 4,
+        "spin": {"solver": {"max_steps": 4}},
+        "boltzmann": {"num_samples": 4, "burn_in": 2, "dqa_steps": 4,
+                      "solver": {"max_steps": 4},
                       "inference": draw(st.sampled_from(["exact", "mean_field"]))},
-        "neurogame": {"train_samples": 2, "eval_samples": 2, "max_steps": 4,
+        "neurogame": {"train_samples": 2, "eval_samples": 2, "solver": {"max_steps": 4},
                       "estimator": draw(st.sampled_from(["mc", "exact"]))},
-        "implicit": {"max_steps": 4},
-        "free_energy": {"max_steps": 4},
+        "implicit": {"solver": {"max_steps": 4}},
+        "free_energy": {"solver": {"max_steps": 4}},
     }
     if attention in sections:
         raw["model"][attention] = sections[attention]
@@ -633,16 +634,16 @@ def test_schema_walk_sees_every_key():
     ({"data.seed": -1}, ["data.seed=-1 must be >= 0"]),
     ({"train.lr": math.nan}, ["train.lr", "finite"]),
     ({"train.lr": "inf"}, ["train.lr", "finite"]),
-    ({"model.boltzmann.tol": -math.inf}, ["model.boltzmann.tol", "finite"]),
+    ({"model.boltzmann.solver.tol": -math.inf}, ["model.boltzmann.solver.tol", "finite"]),
     ({"data.max_chars": 0}, ["data.max_chars=0 must be >= 1"]),
     ({"data.max_vocab": 4}, ["data.max_vocab=4 must be >= 5"]),
     ({"train.warmup_steps": -1}, ["train.warmup_steps=-1"]),
     ({"train.min_lr_ratio": 2.0}, ["train.min_lr_ratio=2.0 must be in [0, 1]"]),
     ({"train.coupling_lr": -0.1}, ["train.coupling_lr=-0.1"]),
     ({"model.ffn_hidden": -8}, ["model.ffn_hidden=-8"]),
-    ({"model.spin.max_steps": 0}, ["model.spin.num_steps", "max_steps=0"]),
-    ({"model.implicit.backward_tol": 0.0}, ["model.implicit.tol", "backward_tol=0.0"]),
-    ({"model.free_energy.beta": 0.0}, ["model.free_energy.beta=0.0 and tol"]),
+    ({"model.spin.solver.max_steps": 0}, ["model.spin.solver.max_steps=0"]),
+    ({"model.implicit.adjoint.tol": 0.0}, ["model.implicit.adjoint.tol=0.0"]),
+    ({"model.free_energy.beta": 0.0}, ["model.free_energy.beta=0.0"]),
     ({"model.neurogame.eval_seed": -3}, ["model.neurogame.eval_seed=-3"]),
 ])
 def test_values_the_fuzzer_found_are_refused_by_name(changes, fragments):
@@ -656,7 +657,7 @@ def test_models_the_config_cannot_build_are_named(tmp_path, monkeypatch):
     does not divide the image, an embedding too big for it) are `ConfigError`s naming the
     attention and task, before training starts."""
     calls = stub_fit(monkeypatch)
-    base = {"model.dim": 8, "data.batch_size": 2, "model.free_energy.max_steps": 2}
+    base = {"model.dim": 8, "data.batch_size": 2, "model.free_energy.solver.max_steps": 2}
     for changes, fragments in (
             ({"model.attention": "free_energy"},
              ["model.attention=free_energy with data.task=brackets", "causal=True"]),

@@ -96,7 +96,7 @@ def numpy_algorithm1(V, lam, draws, gamma, tol, T):
 
 def test_pooled_layer_matches_numpy_algorithm1():
     n, K, gamma = 6, 7, 1.0
-    a = make("pooled", "paper", gamma=gamma, update="plain", normalize="none",
+    a = make("pooled", "paper", gamma=gamma, normalize="none",
              train_samples=K, solver=solvers.Picard(tol=1e-6, max_steps=25),
              adjoint=solvers.Unrolled())
     x = tokens(n, scale=0.5)
@@ -348,17 +348,17 @@ def test_errors_and_config():
     _, d = call(a, tokens(6), return_diagnostics=True)
     assert np.any(np.asarray(d.solver.result) != solvers.RESULTS.successful)
     with pytest.raises(ValueError, match="damping"):
-        make(damping=1.0)
+        make(solver=solvers.Picard(damping=1.0))
     # strongly typed: a weak type turns strong after the first update and recompiles the step
     assert not make().log_gamma.weak_type
     cfg = C.load_config(None, ["model.attention=neurogame", "model.neurogame.estimator=paper",
-                               "model.neurogame.adjoint=unrolled", "model.dim=8",
+                               "model.neurogame.adjoint.name=unrolled", "model.dim=8",
                                "model.num_heads=2"])
     reg = nn.get_attention("neurogame")
     kw = reg.kwargs_from(cfg.model.neurogame)
     assert kw["estimator"] == "paper" and isinstance(kw["adjoint"], solvers.Unrolled)
     with pytest.raises(C.ConfigError, match="damping"):
-        C.load_config(None, ["model.neurogame.damping=1.5"])
+        C.load_config(None, ["model.neurogame.solver.damping=1.5"])
     # a stacked model trains through it (Transformer + scan)
     model = nn.Tagger(vocab_size=5, num_classes=3, dim=DIM, depth=1, num_heads=HEADS,
                       max_len=6, attention="neurogame", attention_kwargs=kw, key=jax.random.key(0))

@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import equinox as eqx
 import jax
@@ -22,6 +23,9 @@ def call(module, x, **kwargs):
 
 
 def _spin(dim, heads, key, **kw):
+    # the physics' β = 1, no output map and a tight backward solve, as these tests were
+    # written for (the module's defaults are the config's: β = 2, an output map, GMRES(5))
+    kw = {"beta": 1.0, "output_proj": False, "adjoint": solvers.Implicit(), **kw}
     return nn.SpinAttention(dim, heads, key=key, **kw)
 
 
@@ -413,8 +417,57 @@ def test_registered_attention_from_yaml(gain_attention, tmp_path):
 def test_registry_errors(gain_attention):
     with pytest.raises(ValueError, match="already registered"):
         nn.register_attention("gain", config=GainConfig)(nn.SoftmaxAttention)
-    with pytest.raises(TypeError, match="from_config"):
+    with pytest.raises(TypeError, match="no argument 'gain'.*from_config"):
         nn.register_attention("other", config=GainConfig)(nn.SoftmaxAttention)
     with pytest.raises(TypeError, match="frozen dataclass"):
         nn.register_attention("other", config=dict)
     assert "other" not in nn.ATTENTIONS and "gain" in C.keys(C.ModelConfig)
+
+
+@pytest.mark.parametrize("name", nn.ATTENTIONS)
+def test_default_config_builds_the_default_module(name):
+    """One source of defaults: for every registered attention, the module built from a
+    default config section equals the module its constructor builds with no options (so the
+    same layer built in Python and from YAML cannot drift apart)."""
+    reg = nn.get_attention(name)
+    kw = dict(max_len=6) if reg.takes_max_len else {}
+    plain = reg.cls(8, 2, False, key=jax.random.key(0), **kw)
+    section = None if reg.config is None else reg.config()
+    built = reg.cls(8, 2, False, key=jax.random.key(0), **kw, **reg.kwargs_from(section))
+    assert bool(eqx.tree_equal(plain, built))
+    if reg.config is not None:  # and the config machinery reads the same section
+        assert C.load_config(None, [f"model.attention={name}", "model.dim=8",
+                                    "model.num_heads=2"]).model.section() == section
+
+
+def test_every_family_takes_the_shared_solver_sections():
+    """`solver`/`adjoint` are the same sections in every family that solves something, each
+    accepting what fits its problem, with one error naming what fits; old keys are refused
+    with the new spelling."""
+    for name in ("spin", "boltzmann", "neurogame", "implicit"):
+        cfg = C.load_config(None, [f"model.{name}.solver.name=picard",
+                                   f"model.{name}.solver.damping=0.5",
+                                   f"model.{name}.adjoint.name=phantom"])
+        section = cfg.model.section(name)
+        assert section.solver.build() == solvers.Picard(damping=0.5, tol=section.solver.tol,
+                                                        max_steps=section.solver.max_steps)
+        assert section.adjoint.build() == solvers.Phantom()
+    # the saddle is a root: fixed-point-only solvers and adjoints do not fit
+    with pytest.raises(C.ConfigError, match=r"model.free_energy.solver.name: 'picard' does "
+                       r"not fit.*\['broyden', 'newton', 'saddle_newton'\]"):
+        C.load_config(None, ["model.free_energy.solver.name=picard"])
+    with pytest.raises(C.ConfigError, match="model.free_energy.adjoint.name: 'phantom'"):
+        C.load_config(None, ["model.free_energy.adjoint.name=phantom"])
+    cfg = C.load_config(None, ["model.free_energy.solver.name=newton"])
+    assert isinstance(cfg.model.free_energy.solver.build(root=True), solvers.Newton)
+    with pytest.raises(C.ConfigError, match="Did you mean 'anderson'"):
+        C.load_config(None, ["model.spin.solver.name=andersen"])
+    # the spellings of the previous release are refused with the new one
+    for old, new in (("model.spin.tol=1e-3", "model.spin.solver.tol=1e-3"),
+                     ("model.spin.adjoint_restart=5", "model.spin.adjoint.restart=5"),
+                     ("model.implicit.backward_tol=1e-4", "model.implicit.adjoint.tol"),
+                     ("model.spin.solver=picard", "model.spin.solver.name=picard"),
+                     ("model.neurogame.adjoint=unrolled", "model.neurogame.adjoint.name"),
+                     ("model.neurogame.update=damped", "solver.damping=0.7")):
+        with pytest.raises(C.ConfigError, match=re.escape(new)):
+            C.load_config(None, [old])

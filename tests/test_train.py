@@ -100,7 +100,7 @@ def test_divergence_skips_then_stops_naming_the_checkpoint(tmp_path):
 
 
 def test_solver_statistics_per_layer(tmp_path):
-    cfg = _tiny_cfg(**{"model.attention": "spin", "model.depth": "2", "model.spin.max_steps": "8",
+    cfg = _tiny_cfg(**{"model.attention": "spin", "model.depth": "2", "model.spin.solver.max_steps": "8",
                        "train.steps": "2", "train.log_every": "1", "train.eval_every": "2"})
     s = train.run(cfg, tmp_path)
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]

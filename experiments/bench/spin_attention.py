@@ -80,6 +80,7 @@ def bench_attention(batch, n, dim, heads, repeats):
 
     def make(adjoint):
         return nn.SpinAttention(dim, heads, causal=True, update="tap", mode="fixed_point",
+                                beta=1.0, output_proj=False,
                                 solver=solvers.Anderson(tol=1e-3, max_steps=100),
                                 adjoint=adjoint, key=km)
 

@@ -66,16 +66,26 @@ class BoltzmannConfig:
     burn_in: int = option(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
     dqa_steps: int = option(200, "dqa: Trotter steps of the simulated anneal")
     dqa_time: float = option(5.0, "dqa: total anneal time")
-    tol: float = option(1e-4, "mean_field/tap: fixed-point tolerance")
-    max_steps: int = option(100, "mean_field/tap: most solver iterations")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="anderson", tol=1e-4, max_steps=100),
+        "mean_field/tap: the fixed-point solver")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(), "mean_field/tap: how gradients flow through the fixed point")
+
+    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps"}
 
     def __post_init__(self):
-        if not (self.num_samples >= 1 and self.dqa_steps >= 1 and self.max_steps >= 1):
-            raise ConfigError("num_samples, dqa_steps and max_steps must be >= 1.")
+        if not (self.num_samples >= 1 and self.dqa_steps >= 1):
+            raise ConfigError("num_samples and dqa_steps must be >= 1.")
         if not (self.burn_in >= 0 and self.init_scale >= 0):
             raise ConfigError("burn_in and init_scale must be >= 0.")
-        if not (self.dqa_time > 0 and self.tol > 0):
-            raise ConfigError(f"dqa_time={self.dqa_time} and tol={self.tol} must be > 0.")
+        if not self.dqa_time > 0:
+            raise ConfigError(f"dqa_time={self.dqa_time} must be > 0.")
+        solvers.check_options(self)
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = BoltzmannConfig()
 
 
 def _uses(mode: str) -> tuple[bool, bool, bool]:
@@ -167,17 +177,17 @@ class BoltzmannAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        mode: str = "hJ",
-        inference: str = "exact",
-        init_scale: float = 0.0,
-        num_samples: int = 256,
-        burn_in: int = 32,
+        mode: str = _DEFAULTS.mode,
+        inference: str = _DEFAULTS.inference,
+        init_scale: float = _DEFAULTS.init_scale,
+        num_samples: int = _DEFAULTS.num_samples,
+        burn_in: int = _DEFAULTS.burn_in,
         betas: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3),
-        dqa_steps: int = 200,
-        dqa_time: float = 5.0,
+        dqa_steps: int = _DEFAULTS.dqa_steps,
+        dqa_time: float = _DEFAULTS.dqa_time,
         dqa_gamma: float = 1.0,
-        solver: solvers.AbstractSolver = solvers.Anderson(tol=1e-4, max_steps=100),
-        adjoint: solvers.AbstractAdjoint = solvers.Implicit(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = True,
         use_bias: bool = False,
         key: PRNGKeyArray,
@@ -233,14 +243,6 @@ class BoltzmannAttention(eqx.Module):
         self.num_samples, self.burn_in, self.betas = num_samples, burn_in, betas
         self.dqa_steps, self.dqa_time, self.dqa_gamma = dqa_steps, float(dqa_time), float(
             dqa_gamma)
-
-    @classmethod
-    def from_config(cls, section: BoltzmannConfig) -> dict:
-        """Constructor keyword arguments from the config section `model.boltzmann`."""
-        kwargs = dataclasses.asdict(section)
-        kwargs["solver"] = solvers.Anderson(tol=kwargs.pop("tol"),
-                                            max_steps=kwargs.pop("max_steps"))
-        return kwargs
 
     @property
     def head_dim(self) -> int:

@@ -53,16 +53,25 @@ class FreeEnergyConfig:
                             "/√(nD) from the fields", _COUPLINGS)
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
-    tol: float = option(1e-5, "saddle tolerance: max relative violation of the spherical "
-                        "constraint")
-    max_steps: int = option(50, "most Newton steps of the saddle solve")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="saddle_newton", tol=1e-5, max_steps=50),
+        "the saddle's root finder (tol: max relative violation of the spherical constraint; "
+        "saddle_newton keeps diag(t) - J positive definite)")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(name="saddle_implicit"),
+        "how gradients flow through the saddle (saddle_implicit: the closed-form Hessian)")
+
+    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps"}
 
     def __post_init__(self):
         # the saddle exists and is unique for every beta > 0 (`spins.free_energy`)
-        if not (self.beta > 0 and self.tol > 0):
-            raise ConfigError(f"beta={self.beta} and tol={self.tol} must be > 0.")
-        if not self.max_steps >= 1:
-            raise ConfigError(f"max_steps={self.max_steps} must be >= 1.")
+        if not self.beta > 0:
+            raise ConfigError(f"beta={self.beta} must be > 0.")
+        solvers.check_options(self, root=True)
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = FreeEnergyConfig()
 
 
 @register_attention("free_energy", config=FreeEnergyConfig, help="free-energy (AFEM) "
@@ -82,7 +91,8 @@ class FreeEnergyAttention(eqx.Module):
     - `couplings`: `"explicit"` or `"input"`; `beta`: inverse temperature.
     - `output_proj`: a learned D × D map on the concatenated magnetizations.
     - `solver`: the saddle's root finder (default `spins.free_energy.SaddleNewton(tol=1e-5,
-      max_steps=50)`); `adjoint` (default the closed-form implicit adjoint); `throw`.
+      max_steps=50)`); `adjoint` (default `spins.free_energy.SaddleImplicit()`, the
+      closed-form Hessian); `throw`.
     - `key`: PRNG key.
     """
 
@@ -102,11 +112,11 @@ class FreeEnergyAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: str = "explicit",
-        beta: float = 1.0,
-        output_proj: bool = True,
-        solver: Optional[solvers.AbstractRootFinder] = None,
-        adjoint: Optional[solvers.AbstractAdjoint] = None,
+        couplings: str = _DEFAULTS.couplings,
+        beta: float = _DEFAULTS.beta,
+        output_proj: bool = _DEFAULTS.output_proj,
+        solver: solvers.AbstractRootFinder = _DEFAULTS.solver.build(root=True),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(root=True),
         throw: bool = False,
         key: PRNGKeyArray,
     ):
@@ -136,16 +146,8 @@ class FreeEnergyAttention(eqx.Module):
         self.norm = eqx.nn.LayerNorm(dim)
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.beta = float(beta)
-        self.solver = fe.SaddleNewton(tol=1e-5, max_steps=50) if solver is None else solver
-        self.adjoint = adjoint
+        self.solver, self.adjoint = solver, adjoint
         self.dim, self.num_heads, self.causal, self.throw = dim, num_heads, causal, throw
-
-    @classmethod
-    def from_config(cls, section: FreeEnergyConfig) -> dict:
-        """Constructor keyword arguments from the config section `model.free_energy`."""
-        return dict(couplings=section.couplings, beta=section.beta,
-                    output_proj=section.output_proj,
-                    solver=fe.SaddleNewton(tol=section.tol, max_steps=section.max_steps))
 
     def fields(self, x: Float[Array, "n d"]) -> Float[Array, "h n dh"]:
         """Per-head normalised fields h_i = LayerNorm(x_i)/√D_h, `(H, n, D_h)`."""

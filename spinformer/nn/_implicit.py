@@ -76,22 +76,28 @@ class ImplicitConfig:
                                 "internal dimension)")
     normalize_input: bool = option(True, "fields X = LayerNorm(x)/sqrt(d) (|X_i| ~ 1)")
     output_proj: bool = option(False, "mix the magnetizations with a learned d×d map")
-    tol: float = option(1e-4, "forward fixed-point tolerance (max-norm residual)")
-    max_steps: int = option(40, "most forward Anderson steps")
-    backward_tol: float = option(1e-4, "relative tolerance of the implicit backward solve")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="anderson", tol=1e-4, max_steps=40),
+        "the forward solver of the mean-field fixed point")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(tol=1e-4), "how gradients flow through the fixed point")
     jacobian_penalty: float = option(0.0, "weight of the Jacobian regulariser "
                                      "‖∂F/∂m‖_F²/(N d) added to the loss (0: off)")
     spectral_steps: int = option(0, "power-iteration steps of the spectral-radius diagnostic "
                                  "(0: not computed)")
 
+    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
+              "backward_tol": "adjoint.tol"}
+
     def __post_init__(self):
-        if not (self.tol > 0 and self.backward_tol > 0):
-            raise ConfigError(f"tol={self.tol} and backward_tol={self.backward_tol} must be > 0.")
-        if not self.max_steps >= 1:
-            raise ConfigError(f"max_steps={self.max_steps} must be >= 1.")
+        solvers.check_options(self)
         for name in ("onsager_hidden", "jacobian_penalty", "spectral_steps"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = ImplicitConfig()
 
 
 def symmetrize_blocks(J: Float[Array, "h n n dh dh"], *, sites: bool, internal: bool
@@ -155,18 +161,18 @@ class ImplicitAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: str = "explicit",
-        onsager: str = "mlp",
-        onsager_hidden: int = 0,
-        sym_sites: bool = False,
-        sym_internal: bool = True,
-        normalize_input: bool = True,
-        output_proj: bool = False,
-        solver: solvers.AbstractSolver = solvers.Anderson(tol=1e-4, max_steps=40),
-        adjoint: solvers.AbstractAdjoint = solvers.Implicit(tol=1e-4),
+        couplings: str = _DEFAULTS.couplings,
+        onsager: str = _DEFAULTS.onsager,
+        onsager_hidden: int = _DEFAULTS.onsager_hidden,
+        sym_sites: bool = _DEFAULTS.sym_sites,
+        sym_internal: bool = _DEFAULTS.sym_internal,
+        normalize_input: bool = _DEFAULTS.normalize_input,
+        output_proj: bool = _DEFAULTS.output_proj,
+        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = False,
-        jacobian_penalty: float = 0.0,
-        spectral_steps: int = 0,
+        jacobian_penalty: float = _DEFAULTS.jacobian_penalty,
+        spectral_steps: int = _DEFAULTS.spectral_steps,
         key: PRNGKeyArray,
     ):
         check_heads("ImplicitAttention", dim, num_heads)
@@ -212,19 +218,6 @@ class ImplicitAttention(eqx.Module):
         self.sym_sites, self.sym_internal = sym_sites, sym_internal
         self.throw = throw
         self.jacobian_penalty, self.spectral_steps = float(jacobian_penalty), spectral_steps
-
-    @classmethod
-    def from_config(cls, section: ImplicitConfig) -> dict:
-        """Constructor keyword arguments from the config section `model.implicit`."""
-        return dict(
-            couplings=section.couplings, onsager=section.onsager,
-            onsager_hidden=section.onsager_hidden, sym_sites=section.sym_sites,
-            sym_internal=section.sym_internal, normalize_input=section.normalize_input,
-            output_proj=section.output_proj,
-            solver=solvers.Anderson(tol=section.tol, max_steps=section.max_steps),
-            adjoint=solvers.Implicit(tol=section.backward_tol),
-            jacobian_penalty=section.jacobian_penalty, spectral_steps=section.spectral_steps,
-        )
 
     @property
     def head_dim(self) -> int:

@@ -21,38 +21,30 @@ slice) of the players i (padded or masked tokens are never players):
 
 The heads are concatenated and mixed by W_O (eq. 27).
 
-**Damping.** §7.3 of the paper lists "damping factor 0.7" without the update. Here
-`update="damped"` iterates s ← δ·s + (1 − δ)·tanh((J + J_int s)/γ) with δ = `damping` the
-fraction of the old iterate kept (this library's convention everywhere; δ = 0.7 keeps 70 %
-of the old iterate). Both updates have the same fixed points; `update="plain"` is the
-undamped parallel update of Algorithm 1, lines 57–65.
+**Damping.** §7.3 of the paper lists "damping factor 0.7" without the update. Here the
+damped update is the solver's: `Picard(damping=δ)` iterates
+s ← δ·s + (1 − δ)·tanh((J + J_int s)/γ) with δ the fraction of the old iterate kept (this
+library's convention everywhere; δ = 0.7 keeps 70 % of the old iterate). Both have the same
+fixed points; `Picard()` (δ = 0, the default) is the undamped parallel update of
+Algorithm 1, lines 57–65.
 
-**Solver defaults (measured).** With the L1-normalised fields (|J_i| ≲ 0.3) and unnormalised
-interactions (|J_ij| up to ~1) at γ = 0.25 the mean field is strongly coupled. On random
-inputs (16 sequences of 24 tokens, width 32, 4 heads, K = 25) the fraction of mean fields
-not converged to 1e-4 within 25 iterations was: damped δ = 0.7 Picard 100 % (the contraction
-0.7 per step alone needs ~26 steps), damped δ = 0.3 Picard 16–42 %, plain Picard 5–18 %,
-Anderson 59–93 %, Broyden 19–48 %, Newton 6–7 %; within 100 iterations plain Picard 0–0.5 %.
-The default is therefore the plain update with `Picard(tol=1e-4, max_steps=100)`;
-non-converged solves are reported (`solver_failures`), never hidden.
+**Solver defaults.** With the L1-normalised fields (|J_i| ≲ 0.3) and unnormalised
+interactions (|J_ij| up to ~1) at γ = 0.25 the mean field is strongly coupled: a damped
+update converges slowly (δ = 0.7 contracts by at most 0.7 per step, so it alone needs ~26
+steps to gain 1e-4), and Anderson and Broyden fail more often than plain Picard iteration.
+The default is therefore `Picard(tol=1e-4, max_steps=100)`; non-converged solves are
+reported (`solver_failures`), never hidden. The measurements behind this choice are in the
+README's NeuroGame section and `experiments/results/ngt/`.
 
 **Adjoint (default: implicit).** Gradients flow by implicit differentiation at the fixed
 point, the adjoint system solved by Anderson on the Richardson map (`solvers.Implicit`'s
 default linear solver) with the forward's tolerance (`Implicit(tol=1e-4)`); `Unrolled()`
-backpropagates through the Picard iterations as the paper's code does. An earlier default,
-GMRES(restart=5) at tol 1e-5, gave NaN gradients for whole NLI batches. Both causes are
-known: (1) at tol 1e-5 float32 round-off leaves the adjoint residual of some games above the
-threshold (mean relative residual 3e-5), and a failed backward solve makes the gradient NaN
-by design; (2) a game whose forward mean field did not converge (1–4 % of the games of a
-batch at initialisation) has no fixed point to differentiate, and the backward solve of such
-a game failed too. Now a non-converged game passes no gradient through ⟨s⟩ (its α is used
-as computed in the forward pass, and it is counted in `solver_failures`), and the adjoint
-tolerance is the forward's. Measured on the first 6 training batches of
-`configs/ngt_nli.yaml` (128 games each): GMRES(restart=5) still failed on 4 of 6 batches at
-tol 1e-4 (mean 30 matrix–vector products per solve) where Anderson succeeded on all with 4.2
-products per solve. (Open: GMRES solved every one of batch 2's systems when given the
-explicit matrices I − diag(β(1 − m²))J, vmapped, in 8 products on average; its failures
-come with the vector–Jacobian-product matvec.)
+backpropagates through the Picard iterations as the paper's code does. A game whose forward
+mean field did not converge has no fixed point to differentiate: it passes no gradient
+through ⟨s⟩ (its α is used as computed in the forward pass, and it is counted in
+`solver_failures`) instead of making the whole batch's gradient NaN. The adjoint tolerance
+is the forward's: a tighter one is below what float32 round-off lets some games' backward
+solves reach. (GMRES on the same systems failed where Anderson succeeded; see the README.)
 
 **Normalisation of α (this project's choice).** The paper's output Σ_i α_i V_i is not
 normalised: Σ_i α_i is the expected number of active tokens (its eq. 14), so the output
@@ -102,10 +94,7 @@ MODES = ("query", "pooled")
 ESTIMATORS = ("mc", "exact", "paper")
 VALUE_FNS = ("identity", "tanh", "relu")
 GATES = ("learned", "shapley", "banzhaf")
-UPDATES = ("damped", "plain")
 NORMALIZATIONS = ("players", "sum", "none")
-_SOLVERS = ("picard", "anderson", "newton", "broyden")
-_ADJOINTS = ("implicit", "unrolled")
 # Below this L1 norm the Shapley/Banzhaf vector is treated as zero (no division by ~0).
 _L1_FLOOR = 1e-6
 
@@ -130,31 +119,31 @@ class NeuroGameConfig:
     gate: str = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
                        "banzhaf (lambda = 0)", GATES)
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
-    update: str = option("plain", "mean-field update: plain (Algorithm 1) or damped (keep "
-                         "`damping` of the old iterate)", UPDATES)
-    damping: float = option(0.7, "damped update: fraction of the old iterate kept")
-    solver: str = option("picard", "mean-field solver (picard: the paper's iteration; "
-                         "anderson and newton converge less often here, see the docs)",
-                         _SOLVERS)
-    adjoint: str = option("implicit", "gradients through the mean field: implicit "
-                          "(implicit function theorem, Anderson adjoint solve at tol) or "
-                          "unrolled (backpropagation through the iterations, as the paper's "
-                          "code)", _ADJOINTS)
-    tol: float = option(1e-4, "mean-field tolerance (max-norm residual)")
-    max_steps: int = option(100, "most mean-field iterations (the paper: 25)")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="picard", tol=1e-4, max_steps=100),
+        "the mean-field solver (picard: Algorithm 1's iteration, the paper's 25 steps are "
+        "max_steps=25; solver.damping keeps that fraction of the old iterate, the paper's "
+        "'damping factor 0.7' is damping=0.7)")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(tol=1e-4),
+        "gradients through the mean field: implicit (an Anderson backward solve) or "
+        "unrolled (backpropagation through the iterations, as the paper's code)")
     normalize: str = option("players", "output normalisation: players (divide by the number "
                             "of players), sum (by the sum of alpha), none (the paper's)",
                             NORMALIZATIONS)
+
+    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
+              "damping": "solver.damping",
+              "update": "the damped update is the solver's damping: update=plain is "
+                        "solver.damping=0 (the default), update=damped is solver.damping=0.7 "
+                        "(or the fraction of the old iterate to keep)."}
 
     def __post_init__(self):
         if not (self.train_samples >= 2 and self.eval_samples >= 2):
             raise ConfigError("train_samples and eval_samples must be >= 2.")
         if not self.gamma > 0:
             raise ConfigError(f"gamma={self.gamma} must be > 0.")
-        if not 0.0 <= self.damping < 1.0:
-            raise ConfigError(f"damping={self.damping} must be in [0, 1).")
-        if not (self.tol > 0 and self.max_steps >= 1):
-            raise ConfigError("tol must be > 0 and max_steps >= 1.")
+        solvers.check_options(self)
         if not self.eval_seed >= 0:
             raise ConfigError(f"eval_seed={self.eval_seed} must be >= 0.")
 
@@ -175,15 +164,8 @@ class NeuroGameDiagnostics(Diagnostics):
     gamma: Optional[Array] = None
 
 
-def _solver_and_adjoint(section: NeuroGameConfig):
-    solver = {"anderson": solvers.Anderson, "picard": solvers.Picard,
-              "newton": solvers.Newton, "broyden": solvers.Broyden}[section.solver](
-        tol=section.tol, max_steps=section.max_steps)
-    adjoint = {
-        "implicit": lambda: solvers.Implicit(tol=section.tol),
-        "unrolled": solvers.Unrolled,
-    }[section.adjoint]()
-    return solver, adjoint
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = NeuroGameConfig()
 
 
 def _l1_normalized(a, players):
@@ -212,9 +194,9 @@ class NeuroGameAttention(eqx.Module):
     - `gamma`: initial temperature of every head; `learn_gamma`: train log γ_h.
     - `gate`: `"learned"` λ_i = σ(w_hᵀx_i + b_h), `"shapley"` (λ ≡ 1), `"banzhaf"` (λ ≡ 0).
     - `interactions`: use J_ij (False: J_ij = 0, independent spins).
-    - `update`, `damping`: `"damped"` (keep `damping` of the old iterate) or `"plain"`.
-    - `solver`, `adjoint`: the mean-field solver (carrying its `tol`, `max_steps`) and how
-      gradients flow (`solvers.Implicit(tol=1e-4)` by default; `solvers.Unrolled()`
+    - `solver`, `adjoint`: the mean-field solver (carrying its `tol`, `max_steps` and
+      `damping`: `Picard(damping=0.7)` is the damped update) and how gradients flow
+      (`solvers.Implicit(tol=1e-4)` by default; `solvers.Unrolled()`
       reproduces the paper's backpropagation through the iterations). With an implicit
       adjoint a game whose mean field did not converge passes no gradient through ⟨s⟩.
     - `normalize`: `"players"`, `"sum"` or `"none"`.
@@ -243,27 +225,24 @@ class NeuroGameAttention(eqx.Module):
     learn_gamma: bool = eqx.field(static=True)
     gate: str = eqx.field(static=True)
     interactions: bool = eqx.field(static=True)
-    damping: float = eqx.field(static=True)
     normalize: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
-        mode: str = "query",
-        estimator: str = "mc",
-        train_samples: int = 15,
-        eval_samples: int = 25,
-        eval_seed: int = 0,
-        value_fn: str = "identity",
-        gamma: float = 0.25,
-        learn_gamma: bool = True,
-        gate: str = "learned",
-        interactions: bool = True,
-        update: str = "plain",
-        damping: float = 0.7,
-        solver: solvers.AbstractSolver = solvers.Picard(tol=1e-4, max_steps=100),
-        adjoint: solvers.AbstractAdjoint = solvers.Implicit(tol=1e-4),
-        normalize: str = "players",
+        mode: str = _DEFAULTS.mode,
+        estimator: str = _DEFAULTS.estimator,
+        train_samples: int = _DEFAULTS.train_samples,
+        eval_samples: int = _DEFAULTS.eval_samples,
+        eval_seed: int = _DEFAULTS.eval_seed,
+        value_fn: str = _DEFAULTS.value_fn,
+        gamma: float = _DEFAULTS.gamma,
+        learn_gamma: bool = _DEFAULTS.learn_gamma,
+        gate: str = _DEFAULTS.gate,
+        interactions: bool = _DEFAULTS.interactions,
+        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        normalize: str = _DEFAULTS.normalize,
         throw: bool = False,
         use_bias: bool = False,
         key: PRNGKeyArray,
@@ -272,7 +251,7 @@ class NeuroGameAttention(eqx.Module):
         for name, value, allowed in (
             ("mode", mode, MODES), ("estimator", estimator, ESTIMATORS),
             ("value_fn", value_fn, VALUE_FNS), ("gate", gate, GATES),
-            ("update", update, UPDATES), ("normalize", normalize, NORMALIZATIONS),
+            ("normalize", normalize, NORMALIZATIONS),
         ):
             if value not in allowed:
                 raise ValueError(f"NeuroGameAttention: {name}={value!r}; choose one of "
@@ -287,9 +266,6 @@ class NeuroGameAttention(eqx.Module):
                              "(standard errors and self-normalised weights need two draws).")
         if not gamma > 0:
             raise ValueError(f"NeuroGameAttention: gamma={gamma} must be > 0.")
-        if not 0.0 <= damping < 1.0:
-            raise ValueError(f"NeuroGameAttention: damping={damping} must be in [0, 1) (the "
-                             "fraction of the old iterate kept).")
         kq, kk, kv, ko, kg = jax.random.split(key, 5)
         if mode == "query":
             self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
@@ -309,22 +285,7 @@ class NeuroGameAttention(eqx.Module):
         self.train_samples, self.eval_samples, self.eval_seed = (train_samples, eval_samples,
                                                                  eval_seed)
         self.learn_gamma, self.gate, self.interactions = learn_gamma, gate, interactions
-        self.damping = damping if update == "damped" else 0.0
         self.normalize, self.throw = normalize, throw
-
-    @classmethod
-    def from_config(cls, section: NeuroGameConfig) -> dict:
-        """Constructor keyword arguments from the config section `model.neurogame`."""
-        solver, adjoint = _solver_and_adjoint(section)
-        return dict(
-            mode=section.mode, estimator=section.estimator,
-            train_samples=section.train_samples, eval_samples=section.eval_samples,
-            eval_seed=section.eval_seed, value_fn=section.value_fn, gamma=section.gamma,
-            learn_gamma=section.learn_gamma, gate=section.gate,
-            interactions=section.interactions, update=section.update,
-            damping=section.damping, solver=solver, adjoint=adjoint,
-            normalize=section.normalize,
-        )
 
     # -- pieces ------------------------------------------------------------------------------
 
@@ -374,7 +335,7 @@ class NeuroGameAttention(eqx.Module):
         field = jnp.where(players, lam * phi + (1.0 - lam) * beta, 0.0)
         J = jnp.where(players[:, None] & players[None, :], J, 0.0)
         J = J * (1.0 - jnp.eye(J.shape[0], dtype=J.dtype))
-        sol = ising.mean_field(field, J, beta=1.0 / gamma, damping=self.damping,
+        sol = ising.mean_field(field, J, beta=1.0 / gamma,
                                solver=self.solver, adjoint=self.adjoint,
                                m0=jnp.zeros_like(field), throw=self.throw)
         m = sol.value

@@ -6,24 +6,29 @@ A new attention is one module plus one frozen config dataclass:
 @dataclasses.dataclass(frozen=True)
 class HopfieldConfig:
     beta: float = option(1.0, "inverse temperature")
+    solver: solvers.SolverOptions = option(solvers.SolverOptions(name="picard"), "retrieval")
+
+_DEFAULTS = HopfieldConfig()
 
 @register_attention("hopfield", config=HopfieldConfig, help="modern Hopfield retrieval")
 class HopfieldAttention(eqx.Module):
-    ...
-    @classmethod
-    def from_config(cls, section: HopfieldConfig) -> dict:
-        return dict(beta=section.beta)
+    def __init__(self, dim, num_heads=1, causal=False, *, beta=_DEFAULTS.beta,
+                 solver=_DEFAULTS.solver.build(), key):
+        ...
 ```
 
 After registration `Transformer(attention="hopfield")` builds it, every `ModelConfig` made
 from then on has the section `model.hopfield` and the choice `model.attention: hopfield` (the
 config reads the registry when it is made, so it is never stale), and
-`spinformer.train.build_model` passes `from_config(cfg.model.hopfield)` to the constructor.
+`spinformer.train.build_model` passes the section's fields to the constructor by name, the
+`solver` section built into a solver object (`section_kwargs`). The constructor's defaults
+are the section's, so a module built in Python equals one built from a default config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Optional, Union
 
 # The coupling fields assumed for an attention that does not declare its own: the maps that
@@ -49,8 +54,7 @@ class Registration:
     - `name`: the name used in configs (`model.attention`) and by `Transformer(attention=...)`.
     - `cls`: the attention class, called as `cls(dim=, num_heads=, causal=, key=, **kwargs)`.
     - `config`: its frozen config dataclass (the section `model.<name>`), or None if it has
-      no options; the class then turns a section into constructor keyword arguments with the
-      classmethod `from_config(section) -> dict`.
+      no options; `kwargs_from` turns a section into constructor keyword arguments.
     - `help`: one line for `model.attention`'s description.
     - `takes_max_len`: the constructor needs `max_len=` (the longest key sequence).
     - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
@@ -82,7 +86,9 @@ class Registration:
         if not isinstance(section, self.config):
             raise TypeError(f"attention {self.name!r}: expected a {self.config.__name__} "
                             f"section, got {type(section).__name__}.")
-        return dict(self.cls.from_config(section))
+        from_config = getattr(self.cls, "from_config", None)
+        return dict(from_config(section) if from_config is not None
+                    else section_kwargs(section))
 
 
 _REGISTRY: dict[str, Registration] = {}
@@ -106,8 +112,11 @@ def register_attention(
 
     - `name`: a Python identifier (it becomes the config section `model.<name>`).
     - `config`: a frozen dataclass of the module's options (fields made with
-      `spinformer._schema.option`), or None. With a config, the class must define the
-      classmethod `from_config(section) -> dict` of constructor keyword arguments.
+      `spinformer._schema.option`), or None. Each field is passed to the constructor under
+      its own name (`solver`/`adjoint` sections built into objects, `section_kwargs`),
+      unless the class defines the classmethod `from_config(section) -> dict`. Take the
+      constructor's defaults from the section (`_DEFAULTS = Config()`, `beta=_DEFAULTS.beta`)
+      so that both agree: a test builds every registration both ways.
     - `help`: one line saying what the attention is.
     - `takes_max_len`: the constructor takes `max_len=` (given by `Transformer`).
     - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
@@ -132,9 +141,8 @@ def register_attention(
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"register_attention: {name!r} is already registered to "
                              f"{_REGISTRY[name].cls.__name__}.")
-        if config is not None and not callable(getattr(cls, "from_config", None)):
-            raise TypeError(f"register_attention({name!r}): {cls.__name__} has a config "
-                            "section, so it needs a classmethod from_config(section) -> dict.")
+        if config is not None:
+            _check_section_matches(name, cls, config)
         if default and any(r.default and r.name != name for r in _REGISTRY.values()):
             raise ValueError(f"register_attention({name!r}, default=True): "
                              f"{default_attention()!r} is already the default.")
@@ -144,6 +152,29 @@ def register_attention(
         return cls
 
     return decorate
+
+
+def section_kwargs(section) -> dict:
+    """Constructor keyword arguments from a config section: every field under its own name,
+    and a sub-section that describes an object (a solver, an adjoint: it has `build()`)
+    built into that object. What `Registration.kwargs_from` uses when the class defines no
+    `from_config`."""
+    return {f.name: (v.build() if hasattr(v, "build") else v)
+            for f in dataclasses.fields(section) for v in [getattr(section, f.name)]}
+
+
+def _check_section_matches(name: str, cls: type, config: type) -> None:
+    """Without `from_config`, every field of the section must be a constructor argument."""
+    if callable(getattr(cls, "from_config", None)):
+        return
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [f.name for f in dataclasses.fields(config) if f.name not in params]
+    if missing:
+        raise TypeError(f"register_attention({name!r}): {cls.__name__}'s constructor has no "
+                        f"argument {missing[0]!r} of its config section; rename the field or "
+                        "define a classmethod from_config(section) -> dict.")
 
 
 def unregister_attention(name: str) -> None:

@@ -45,8 +45,6 @@ _INITS = ("reset", "learned", "carried")
 _OUTPUTS = ("magnetization", "response")
 # The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
 _MIN_HEAD_DIM = 3
-_SOLVERS = ("anderson", "picard", "broyden", "jaxopt_anderson")
-_ADJOINTS = ("implicit", "unrolled", "phantom", "onestep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +62,12 @@ class SpinConfig:
     init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
                        "caller)", _INITS)
-    solver: str = option("anderson", "fixed-point solver", _SOLVERS)
-    adjoint: str = option("implicit", "how gradients flow through the fixed point", _ADJOINTS)
-    adjoint_solver: str = option("gmres", "implicit adjoint only: linear solver of the "
-                                 "backward system", ("gmres", "bicgstab", "anderson", "picard"))
-    adjoint_tol: float = option(1e-3, "implicit adjoint only: relative tolerance of the "
-                                "backward linear solve")
-    adjoint_restart: int = option(5, "implicit adjoint only: Krylov size (gmres) or history "
-                                  "(anderson) of the backward solve")
-    tol: float = option(1e-3, "fixed-point tolerance on the max-norm residual")
-    max_steps: int = option(30, "most solver iterations per fixed point")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="anderson", tol=1e-3, max_steps=30),
+        "the solver of the steady state and of the TAP step")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(name="implicit", linear_solver="gmres", tol=1e-3, restart=5),
+        "how gradients flow through the steady state")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
                             "(x -> x + FFN(x)); 0 for none")
@@ -89,40 +83,24 @@ class SpinConfig:
     coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
                                    "sqrt(D_h)) (rows sum to c instead of 1)")
 
+    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
+              "adjoint_solver": "adjoint.linear_solver", "adjoint_tol": "adjoint.tol",
+              "adjoint_restart": "adjoint.restart"}
+
     def __post_init__(self):
-        if not (self.num_steps >= 1 and self.adjoint_restart >= 1 and self.max_steps >= 1):
-            raise ConfigError(f"num_steps={self.num_steps}, adjoint_restart="
-                              f"{self.adjoint_restart} and max_steps={self.max_steps} must be "
-                              ">= 1.")
-        if not (self.tol > 0 and self.adjoint_tol > 0):
-            raise ConfigError(f"tol={self.tol} and adjoint_tol={self.adjoint_tol} must be > 0.")
+        if not self.num_steps >= 1:
+            raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
+        if not self.beta > 0:
+            raise ConfigError(f"beta={self.beta} must be > 0.")
+        solvers.check_options(self)
         if not self.coupling_scale > 0:
             raise ConfigError(f"coupling_scale={self.coupling_scale} must be > 0.")
         if not self.field_ffn >= 0:
             raise ConfigError(f"field_ffn={self.field_ffn} must be >= 0.")
 
 
-def _solver_and_adjoint(section: SpinConfig):
-    """The solver and adjoint objects a config section names."""
-    solver = {
-        "anderson": solvers.Anderson,
-        "picard": solvers.Picard,
-        "broyden": solvers.Broyden,
-        "jaxopt_anderson": solvers.JaxoptAnderson,
-    }[section.solver](tol=section.tol, max_steps=section.max_steps)
-    linear = {
-        "gmres": lambda r: solvers.GMRES(restart=r),
-        "bicgstab": lambda r: solvers.BiCGStab(),
-        "anderson": lambda r: solvers.Anderson(history=r, safeguard=False),
-        "picard": lambda r: solvers.Picard(),
-    }[section.adjoint_solver](section.adjoint_restart)
-    adjoint = {
-        "implicit": lambda: solvers.Implicit(linear_solver=linear, tol=section.adjoint_tol),
-        "unrolled": solvers.Unrolled,
-        "phantom": solvers.Phantom,
-        "onestep": solvers.OneStep,
-    }[section.adjoint]()
-    return solver, adjoint
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = SpinConfig()
 
 
 # The query/key maps build the couplings J: they form the optimizer group "couplings".
@@ -139,9 +117,7 @@ class SpinAttention(eqx.Module):
 
     - `dim`: model width D; `num_heads`: H, with `D_h = D/H > 2`.
     - `causal`: causal couplings (spin i feels only spins j ≤ i).
-    - `beta`: inverse temperature β. The constructor keeps the physics' β = 1; configs
-      (`model.spin.beta`) default to β = 2, which trains markedly better (the quickstart's
-      bracket matching: 99.6% against 96.7% at β = 1, 3 seeds each; see
+    - `beta`: inverse temperature β (default 2, which trains better than 1: see
       `experiments/results/spin_lm/`). With fields of norm R the steady state's response to
       the other spins is β/(1 + √(1 + β²)) per unit of coupling: 0.41 at β = 1, 0.62 at 2.
     - `update`: `"mean_field"` (first-order mean field) or `"tap"` (second order).
@@ -153,9 +129,10 @@ class SpinAttention(eqx.Module):
       `"carried"` (the `state=` passed by the caller, e.g. the previous call's
       `diagnostics["state"]`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
-      tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`), and
-      `throw=False` reports non-convergence in the diagnostics instead of raising.
-    - `output_proj`: mix the heads' magnetizations with a learned `D × D` map.
+      tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
+      `Implicit(GMRES(restart=5), tol=1e-3)`), and `throw=False` (the default) reports
+      non-convergence in the diagnostics instead of raising.
+    - `output_proj`: mix the heads' magnetizations with a learned `D × D` map (default on).
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).
     - `normalize_fields`: rescale each head's field to norm R (as in Bal, "Spin-Model
       Transformers").
@@ -199,21 +176,21 @@ class SpinAttention(eqx.Module):
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
-        beta: float = 1.0,
-        update: str = "tap",
-        mode: str = "fixed_point",
-        num_steps: int = 2,
-        init: str = "reset",
-        solver: solvers.AbstractSolver = solvers.Anderson(tol=1e-3, max_steps=30),
-        adjoint: solvers.AbstractAdjoint = solvers.Implicit(),
+        beta: float = _DEFAULTS.beta,
+        update: str = _DEFAULTS.update,
+        mode: str = _DEFAULTS.mode,
+        num_steps: int = _DEFAULTS.num_steps,
+        init: str = _DEFAULTS.init,
+        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = False,
-        output_proj: bool = False,
-        field_ffn: int = 0,
-        normalize_fields: bool = True,
-        value_proj: bool = False,
-        learn_beta: bool = False,
-        coupling_scale: float = 1.0,
-        output: str = "magnetization",
+        output_proj: bool = _DEFAULTS.output_proj,
+        field_ffn: int = _DEFAULTS.field_ffn,
+        normalize_fields: bool = _DEFAULTS.normalize_fields,
+        value_proj: bool = _DEFAULTS.value_proj,
+        learn_beta: bool = _DEFAULTS.learn_beta,
+        coupling_scale: float = _DEFAULTS.coupling_scale,
+        output: str = _DEFAULTS.output,
         key: PRNGKeyArray,
     ):
         check_heads("SpinAttention", dim, num_heads)
@@ -253,19 +230,6 @@ class SpinAttention(eqx.Module):
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
         self.update, self.mode, self.num_steps, self.init = update, mode, num_steps, init
         self.normalize_fields = normalize_fields
-
-    @classmethod
-    def from_config(cls, section: SpinConfig) -> dict:
-        """Constructor keyword arguments from the config section `model.spin`."""
-        solver, adjoint = _solver_and_adjoint(section)
-        return dict(
-            beta=section.beta, update=section.update, mode=section.mode,
-            num_steps=section.num_steps, init=section.init, solver=solver, adjoint=adjoint,
-            output_proj=section.output_proj, field_ffn=section.field_ffn,
-            value_proj=section.value_proj, normalize_fields=section.normalize_fields,
-            learn_beta=section.learn_beta, coupling_scale=section.coupling_scale,
-            output=section.output,
-        )
 
     @property
     def head_dim(self) -> int:

@@ -10,7 +10,8 @@ sol.value, sol.num_steps, sol.residual, sol.result == solvers.RESULTS.successful
 
 Options are objects, not strings: a solver carries its stopping rule (`tol`, `max_steps`,
 `norm`), an adjoint says how gradients flow, a linear solver how the adjoint system is
-solved.
+solved. In configs they are the sections `solver` and `adjoint` (`SolverOptions`,
+`AdjointOptions`), the one place where their names become objects.
 """
 
 from ._adjoint import (
@@ -26,6 +27,8 @@ from ._adjoint import (
 )
 from ._fixed_point import fixed_point, root_find
 from ._linear import AbstractLinearSolver, BiCGStab, GMRES
+from ._options import (AdjointOptions, SolverOptions, check_options, register_adjoint,
+                       register_solver)
 from ._results import RESULTS, Solution, backward_error_if
 from ._solvers import (
     AbstractFixedPointSolver,
@@ -46,6 +49,7 @@ __all__ = [
     "AbstractLinearSolver",
     "AbstractRootFinder",
     "AbstractSolver",
+    "AdjointOptions",
     "Anderson",
     "BiCGStab",
     "Broyden",
@@ -58,14 +62,18 @@ __all__ = [
     "Picard",
     "RESULTS",
     "Solution",
+    "SolverOptions",
     "Unrolled",
     "backward_error_if",
     "backward_stats",
+    "check_options",
     "fixed_point",
     "jacobian_penalty",
     "l2_norm",
     "max_norm",
     "record_backward",
+    "register_adjoint",
+    "register_solver",
     "root_find",
     "spectral_radius",
 ]

@@ -417,16 +417,21 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     return summary
 
 
-def load_run(run_dir):
+def load_run(run_dir, *, dataset=None):
     """The trained model of a run directory: `(cfg, dataset, model)` from its saved
-    `config.yaml` and newest intact checkpoint (raises `FileNotFoundError` if there is
-    none)."""
+    `config.yaml` and newest intact checkpoint, native or orbax (raises
+    `FileNotFoundError` if there is none). The one run loader: diagnose, generate and the
+    experiment scripts use it.
+
+    **Arguments:** `run_dir`; `dataset`: what `build_model` needs of the data (its sizes),
+    when building the dataset itself is not wanted (generation reads a saved vocabulary);
+    default `build_dataset(cfg)`."""
     run_dir = pathlib.Path(run_dir)
     saved = run_dir / "config.yaml"
     if not saved.exists():
         raise FileNotFoundError(f"{run_dir}: no config.yaml; is this a run directory?")
     cfg = _config.load_config(saved)
-    dataset = build_dataset(cfg)
+    dataset = build_dataset(cfg) if dataset is None else dataset
     like = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
     opt_state = init_opt_state(build_optimizer(cfg), like)
     if cfg.data.stream:  # a streaming run's checkpoints also hold the carried state

@@ -1,0 +1,49 @@
+"""The command line every experiment script shares: `python experiments/NAME.py COMMAND
+[options]`, where COMMAND is one of the script's steps (`run`, `report`, ...) or `all` (every
+step, in order), with `--runs` (where the training runs go; a rerun resumes them) and
+`--results` (where the tables and figures are written)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from typing import Callable, Iterable, Optional, Union
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def make_parser(doc: str, *, runs: Union[str, None, bool], results: Optional[str],
+                commands: tuple[str, ...] = ("run", "report")) -> argparse.ArgumentParser:
+    """The parser with the shared arguments: `command` (one of `commands` or `all`), and
+    `--runs`/`--results` defaulting to `runs/<runs>` and `experiments/results/<results>`
+    (None: no default, the script derives one; `runs=False`: a script that trains nothing
+    has no `--runs`). The script adds its own options."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=(*commands, "all"),
+                   help=f"{', '.join(commands)}, or all of them in this order")
+    if runs is not False:
+        p.add_argument("--runs", default=None if runs is None else str(ROOT / "runs" / runs),
+                       help="the directory of the training runs (a rerun resumes them)")
+    p.add_argument("--results", default=None if results is None
+                   else str(ROOT / "experiments" / "results" / results),
+                   help="where the tables and figures are written")
+    return p
+
+
+def dispatch(args: argparse.Namespace, **steps: Callable[[argparse.Namespace], object]):
+    """Run the step `args.command` names, or every step in the order given for `all`."""
+    for name, step in steps.items():
+        if args.command in (name, "all"):
+            step(args)
+
+
+def chosen(names: Optional[str], known: Iterable[str], default: Iterable[str]) -> list[str]:
+    """The comma-separated `names` of an option such as `--variants` (None: `default`), each
+    checked against `known`; an unknown one ends the script with the valid names."""
+    known = list(known)
+    picked = [n.strip() for n in names.split(",") if n.strip()] if names else list(default)
+    for name in picked:
+        if name not in known:
+            raise SystemExit(f"unknown variant {name!r}; choose from {known}")
+    return picked
