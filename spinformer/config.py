@@ -330,7 +330,8 @@ class Config:
                     "data.stream=true carries the attention's state from one batch to the "
                     f"next: it needs {' or '.join(able) or 'an attention that carries state'}"
                     f"; got model.attention={self.model.attention}"
-                    + (" with other options" if reg.carries_state is not None else "") + ".")
+                    + "".join(f", model.{reg.name}.{k}={getattr(section, k)}"
+                              for k in reg.carries_state_keys) + ".")
         _need(not self.train.local_losses or self.data.task in ("brackets", "chars"),
               "train.local_losses=true trains each layer on its own per-position readout: it "
               f"needs a per-position task (data.task brackets or chars); got data.task="

@@ -137,7 +137,7 @@ def test_pseudo_likelihood_is_a_normalised_density_on_the_sphere():
 
 @pytest.fixture(scope="module")
 def images():
-    from spinformer.data._images import _digits_arrays
+    from spinformer.data._mnist import _digits_arrays
 
     pytest.importorskip("sklearn")
     return (_digits_arrays()[0][:64] / 16.0).astype(np.float32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from spinformer import data
-from spinformer.data import _images
+from spinformer.data import _idx, _images, _mnist
 
 FASHION = pathlib.Path(data.FASHION_MNIST_DIR)
 NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -88,8 +88,8 @@ def test_idx_round_trip(tmp_path, dtype, suffix):
 
 def test_idx_chunked_read(tmp_path, monkeypatch):
     """Payloads above the preallocation size are read in chunks; the result is the same."""
-    monkeypatch.setattr(_images, "_PREALLOCATE", 10)
-    monkeypatch.setattr(_images, "_CHUNK", 7)
+    monkeypatch.setattr(_idx, "_PREALLOCATE", 10)
+    monkeypatch.setattr(_idx, "_CHUNK", 7)
     a = np.arange(3 * 5 * 4, dtype=np.int16).reshape(3, 5, 4) - 50
     for suffix in ("", ".gz"):
         np.testing.assert_array_equal(data.read_idx(data.write_idx(tmp_path / f"c{suffix}", a)),
@@ -191,7 +191,7 @@ def test_find_mnist_files_and_load(tmp_path):
 def test_missing_data_errors(tmp_path, monkeypatch):
     hint = ("apt-get install dataset-fashion-mnist", "data.path", "train-images-idx3-ubyte[.gz]")
     # the default directory (pointed somewhere empty)
-    monkeypatch.setattr(_images, "FASHION_MNIST_DIR", str(tmp_path / "none"))
+    monkeypatch.setattr(_mnist, "FASHION_MNIST_DIR", str(tmp_path / "none"))
     with pytest.raises(data.ImageDataNotFound) as e:
         data.ImageDataset.fashion_mnist(batch_size=4, seed=0)
     msg = str(e.value)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spinformer import data
-from spinformer.data import _nli
+from spinformer.data import _logic, _nli, _pairs
 
 SAMPLE = pathlib.Path(__file__).parent / "data" / "nli_sample.jsonl"
 E, N, C = 0, 1, 2
@@ -26,13 +26,13 @@ def check_format(ds, batch):
     assert set(targets.tolist()) <= {0, 1, 2}
     assert inputs[:, 0].min() >= 0 and inputs[:, 0].max() < ds.vocab_size
     for ids, seg in inputs:
-        n = int((ids != _nli.PAD).sum())
-        assert np.all(ids[n:] == _nli.PAD) and np.all(seg[n:] == 0)  # padding at the end
+        n = int((ids != _pairs.PAD).sum())
+        assert np.all(ids[n:] == _pairs.PAD) and np.all(seg[n:] == 0)  # padding at the end
         n1, n2 = int((seg == 1).sum()), int((seg == 2).sum())
         assert n1 >= 2 and n2 >= 1 and n1 + n2 == n
         assert np.all(seg[:n1] == 1) and np.all(seg[n1:n] == 2)
-        assert ids[0] == _nli.CLS and ids[n1 - 1] == _nli.SEP and ids[n - 1] == _nli.SEP
-        assert (ids == _nli.SEP).sum() == 2 and (ids == _nli.CLS).sum() == 1
+        assert ids[0] == _pairs.CLS and ids[n1 - 1] == _pairs.SEP and ids[n - 1] == _pairs.SEP
+        assert (ids == _pairs.SEP).sum() == 2 and (ids == _pairs.CLS).sum() == 1
 
 
 # ------------------------------------------------------------------------ generated task
@@ -63,7 +63,7 @@ def test_generated_format_balance_determinism():
 
 def _parsed_pairs(ds, index, split):
     b = ds.batch(index, split)
-    return b, [tuple(_nli.parse_sentence(s) for s in ds.decode(row)) for row in b["inputs"]]
+    return b, [tuple(_logic.parse_sentence(s) for s in ds.decode(row)) for row in b["inputs"]]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"distractors": 3}, {"held_out": False, "seed": 7}])
@@ -72,7 +72,7 @@ def test_generated_labels_agree_with_the_oracle(kwargs):
     for split in ("train", "test"):
         for i in range(12):
             b, pairs = _parsed_pairs(ds, i, split)
-            got = [_nli.oracle(p, h) for p, h in pairs]
+            got = [_logic.oracle(p, h) for p, h in pairs]
             np.testing.assert_array_equal(got, b["targets"])
 
 
@@ -84,9 +84,9 @@ def test_label_table_rows_agree_with_the_oracle(row):
     if phen == "order":
         for x, y in (("man", "boy"), ("dog", "woman"), ("animal", "child")):
             subj, obj = (x, y) if rel == "same" else (y, x)
-            p = _nli.Sentence(pd, x, "push", pn_, obj=y)
-            h = _nli.Sentence(hd, subj, "push", hn_, obj=obj)
-            assert _nli.oracle(p, h) == label, (str(p), str(h))
+            p = _logic.Sentence(pd, x, "push", pn_, obj=y)
+            h = _logic.Sentence(hd, subj, "push", hn_, obj=obj)
+            assert _logic.oracle(p, h) == label, (str(p), str(h))
         return
     nouns = {"same": [("dog", "dog"), ("person", "person")],
              "up": [("dog", "animal"), ("boy", "child"), ("girl", "person")],
@@ -94,9 +94,9 @@ def test_label_table_rows_agree_with_the_oracle(row):
              "other": [("dog", "cat"), ("man", "boy"), ("dog", "girl"), ("child", "adult")]}
     for a, b in nouns[rel]:
         for det_p, det_h in ((pd, hd), ("some" if pd == "a" else pd, hd)):
-            p = _nli.Sentence(det_p, a, "run", pn_)
-            h = _nli.Sentence(det_h, b, "run", hn_)
-            assert _nli.oracle(p, h) == label, (str(p), str(h))
+            p = _logic.Sentence(det_p, a, "run", pn_)
+            h = _logic.Sentence(det_h, b, "run", hn_)
+            assert _logic.oracle(p, h) == label, (str(p), str(h))
 
 
 @pytest.mark.parametrize("premise,hypothesis,label", [
@@ -138,20 +138,20 @@ def test_label_table_rows_agree_with_the_oracle(row):
     ("the dog runs", "the dog sleeps", N),  # verbs are independent
 ])
 def test_oracle_on_hand_written_pairs(premise, hypothesis, label):
-    assert _nli.oracle(premise, hypothesis) == label
+    assert _logic.oracle(premise, hypothesis) == label
 
 
 def test_parser_and_oracle_refuse_what_is_outside_the_language():
-    assert str(_nli.parse_sentence("an old dog does not run quickly")) == (
+    assert str(_logic.parse_sentence("an old dog does not run quickly")) == (
         "an old dog does not run quickly")
     for bad in ("every dog does not run", "a dog flies", "dog runs", "a old dog runs",
                 "the man pushes", "a dog runs the cat", "no dog does not run"):
         with pytest.raises(ValueError, match="cannot parse"):
-            _nli.parse_sentence(bad)
+            _logic.parse_sentence(bad)
     with pytest.raises(ValueError, match="intransitive or two transitive"):
-        _nli.oracle("the man pushes the boy", "a man runs")
+        _logic.oracle("the man pushes the boy", "a man runs")
     with pytest.raises(ValueError, match="identical or disjoint"):
-        _nli.oracle("the man pushes the boy", "the person pushes the boy")
+        _logic.oracle("the man pushes the boy", "the person pushes the boy")
 
 
 def _bare(s):
@@ -257,13 +257,13 @@ def test_generation_is_fast():
 
 
 def test_tokenizer_and_truncation_rule():
-    assert _nli.tokenize("A man's dog didn't run, OK?") == [
+    assert _pairs.tokenize("A man's dog didn't run, OK?") == [
         "a", "man", "'s", "dog", "did", "n't", "run", ",", "ok", "?"]
-    assert _nli._fit_lengths(3, 4, 10) == (3, 4)
-    assert _nli._fit_lengths(12, 2, 8) == (6, 2)  # the longer one is cut first
-    assert _nli._fit_lengths(2, 12, 8) == (2, 6)
-    assert _nli._fit_lengths(9, 7, 8) == (4, 4)
-    assert _nli._fit_lengths(9, 7, 9) == (4, 5)  # ties: the premise loses the token
+    assert _pairs._fit_lengths(3, 4, 10) == (3, 4)
+    assert _pairs._fit_lengths(12, 2, 8) == (6, 2)  # the longer one is cut first
+    assert _pairs._fit_lengths(2, 12, 8) == (2, 6)
+    assert _pairs._fit_lengths(9, 7, 8) == (4, 4)
+    assert _pairs._fit_lengths(9, 7, 9) == (4, 5)  # ties: the premise loses the token
 
 
 def test_single_file_splits_drops_and_format(tmp_path):
@@ -361,7 +361,7 @@ def test_vocab_round_trip_and_unknown_words(tmp_path):
     assert data.NLIFile.from_path(SAMPLE, seq_len=24, vocab=path).vocab == ds.vocab
     small = data.NLIFile.from_path(SAMPLE, max_vocab=12, batch_size=30)
     assert small.vocab_size == 12 and small.vocab[4] == "a"  # the most frequent word
-    assert (small.batch(0)["inputs"][:, 0] == _nli.UNK).any()
+    assert (small.batch(0)["inputs"][:, 0] == _pairs.UNK).any()
     rare = data.NLIFile.from_path(SAMPLE, min_count=3, batch_size=4)
     assert rare.vocab_size < ds.vocab_size
     (tmp_path / "junk.json").write_text(json.dumps({"tokens": []}))

@@ -15,11 +15,15 @@ formats, and what is wrong; image files raise its subclass `ImageDataError`.
 from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
 from ._brackets import BracketMatching, sample_brackets
 from ._corrupt import MASK_MODES, mask_images, noisy_images
-from ._images import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
-from ._images import ImageDataError, ImageDataNotFound, ImageDataset, find_mnist_files
-from ._images import load_mnist, patchify, read_idx, unpatchify, write_idx
-from ._nli import NLI_LABELS, GeneratedNLI, NLIFile, load_vocab, oracle, read_jsonl
-from ._nli import Sentence, build_vocab, parse_sentence, save_vocab, tokenize
+from .._patches import patchify, unpatchify
+from ._idx import ImageDataError, ImageDataNotFound, read_idx, write_idx
+from ._images import ImageDataset
+from ._mnist import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
+from ._mnist import find_mnist_files, load_mnist
+from ._logic import Sentence, oracle, parse_sentence
+from ._nli import GeneratedNLI
+from ._pairs import NLI_LABELS, build_vocab, load_vocab, save_vocab, tokenize
+from ._snli import NLIFile, read_jsonl
 from ._protocol import Dataset, DataFileError
 from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, read_text_file
 from ._text import resolve_text_path

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ..data import patchify, unpatchify
+from .._patches import patchify, unpatchify
 from ..spins import attractor as _phys
 from ._diagnostics import Diagnostics
 

@@ -64,7 +64,8 @@ class Registration:
       in the optimizer group "couplings".
     - `carries_state`: `carries_state(section) -> bool`, whether the module built from these
       options carries a state from one call to the next (`state=`, streaming data), or None
-      if it never does; `carries_state_when` says in config keys what makes it so.
+      if it never does; `carries_state_when` says in config keys what makes it so, and
+      `carries_state_keys` names the section's keys it reads (quoted when it says no).
     - `default`: this attention is `model.attention`'s default.
     """
 
@@ -77,6 +78,7 @@ class Registration:
     coupling_fields: tuple[str, ...] = COUPLING_FIELDS
     carries_state: Optional[Callable[[Any], bool]] = None
     carries_state_when: str = ""
+    carries_state_keys: tuple[str, ...] = ()
     default: bool = False
 
     def kwargs_from(self, section) -> dict:
@@ -104,6 +106,7 @@ def register_attention(
     coupling_fields: tuple[str, ...] = COUPLING_FIELDS,
     carries_state: Optional[Callable[[Any], bool]] = None,
     carries_state_when: str = "",
+    carries_state_keys: tuple[str, ...] = (),
     default: bool = False,
 ):
     """Class decorator: register an attention module under `name`.
@@ -125,7 +128,8 @@ def register_attention(
     - `carries_state`, `carries_state_when`: `carries_state(section) -> bool` says whether the
       module built from a config section carries its state between calls (the condition
       streaming data needs), and `carries_state_when` says so in config keys, e.g.
-      `"model.spin.mode=steps and model.spin.init=carried"`.
+      `"model.spin.mode=steps and model.spin.init=carried"`; `carries_state_keys` names the
+      section keys the condition reads, e.g. `("mode", "init")`.
     - `default`: make this the default of `model.attention` (one registration at most).
 
     **Returns:** the decorator, which returns the class unchanged.
@@ -148,7 +152,7 @@ def register_attention(
                              f"{default_attention()!r} is already the default.")
         _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim,
                                        tuple(coupling_fields), carries_state,
-                                       carries_state_when, default)
+                                       carries_state_when, tuple(carries_state_keys), default)
         return cls
 
     return decorate

@@ -109,6 +109,7 @@ _DEFAULTS = SpinConfig()
                     carries_state=lambda s: s.mode == "steps" and s.init == "carried",
                     carries_state_when="model.spin.mode=steps and model.spin.init=carried "
                                        "(num_steps=1: one time step per call)",
+                    carries_state_keys=("mode", "init"),
                     default=True)
 class SpinAttention(eqx.Module):
     """Multi-head spin attention; one example per call.

@@ -75,6 +75,12 @@ def check_square(name: str, J, n: int, what: str = "J") -> None:
         )
 
 
+def check_int(name, what, value, minimum):
+    """Raise a `ValueError` naming `name` and `what` unless `value` is a Python int >= minimum."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}: {what} must be a Python int >= {minimum}, got {value!r}.")
+
+
 def check_vector(name: str, v, what: str, n: int | None = None) -> int:
     shape = jnp.shape(v)
     if len(shape) != 1:

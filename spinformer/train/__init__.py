@@ -26,20 +26,10 @@ from ._figures import plot_run, plot_runs
 from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
-from ._step import (
-    Objective,
-    evaluate,
-    mixed_precision,
-    init_opt_state,
-    init_stream_state,
-    jit_step,
-    loss_fn,
-    make_optimizer,
-    make_schedule,
-    make_step,
-    num_params,
-    params_of,
-)
+from ._objective import Objective, evaluate, init_stream_state, loss_fn
+from ._optim import init_opt_state, make_optimizer, make_schedule, num_params, params_of
+from ._precision import mixed_precision
+from ._step import jit_step, make_step
 
 __all__ = [
     "CorruptCheckpoint",

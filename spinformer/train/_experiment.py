@@ -26,8 +26,8 @@ from .. import nn as _nn
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
-from ._step import Objective, init_opt_state, init_stream_state
-from ._step import make_optimizer, make_schedule, num_params
+from ._objective import Objective, init_stream_state
+from ._optim import init_opt_state, make_optimizer, make_schedule, num_params
 
 
 class RunDirError(_config.ConfigError):

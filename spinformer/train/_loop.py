@@ -18,7 +18,9 @@ from tqdm import tqdm
 from . import _checkpoint as ckpt
 from . import _mesh, _orbax
 from ._figures import plot_run
-from ._step import evaluate, init_opt_state, init_stream_state, jit_step, to_device
+from ._objective import evaluate, init_stream_state
+from ._optim import init_opt_state
+from ._step import jit_step, to_device
 
 
 class TrainingInterrupted(Exception):
