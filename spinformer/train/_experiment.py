@@ -93,8 +93,9 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     options from `model.neurogame`). With `train.local_losses` the text models stop
     gradients between blocks (`detach_layers=True`).
 
-    The attention is looked up in the registry (`nn.register_attention`); its class turns the
-    config section `model.<attention>` into constructor arguments (`from_config`). A model
+    The attention is looked up in the registry (`nn.register_attention`); its registration
+    turns the config section `model.<attention>` into constructor arguments
+    (`Registration.kwargs_from`: the fields by name, solver sections built). A model
     the modules refuse to build (a `ValueError`, e.g. free-energy attention in a causal
     model, or a patch size that does not divide the images) is a `ConfigError` naming the
     attention and the task."""
