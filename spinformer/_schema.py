@@ -22,6 +22,7 @@ def option(
     choices: Union[tuple, Callable[[], tuple], None] = None,
     *,
     renamed: Optional[Mapping[Any, Any]] = None,
+    kind: Optional[str] = None,
 ):
     """A config field: its default, its one-line meaning and, optionally, its allowed values.
 
@@ -34,10 +35,18 @@ def option(
       returning one when the values are registered at run time).
     - `renamed`: old values that are no longer accepted, each mapped to its new name; reading
       one is an error that names the new value.
+    - `kind`: the field names an option object of this kind (`spinformer._choices`): its
+      allowed values are the registered names, and reading the config builds the object
+      (`nn.section_kwargs`).
 
     **Returns:** a `dataclasses.field`.
     """
     meta: dict[str, Any] = {"help": help}
+    if kind is not None:
+        from ._choices import choice_names  # standard library only, like this module
+
+        meta["kind"] = kind
+        choices = choices if choices is not None else (lambda: choice_names(kind))
     if choices is not None:
         meta["choices"] = choices if callable(choices) else tuple(choices)
     if renamed:

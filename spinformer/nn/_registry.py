@@ -31,6 +31,8 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Optional, Union
 
+from .._choices import choice
+
 # The coupling fields assumed for an attention that does not declare its own: the maps that
 # build attention weights from queries and keys.
 COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
@@ -160,10 +162,12 @@ def register_attention(
 
 def section_kwargs(section) -> dict:
     """Constructor keyword arguments from a config section: every field under its own name,
-    and a sub-section that describes an object (a solver, an adjoint: it has `build()`)
-    built into that object. What `Registration.kwargs_from` uses when the class defines no
+    a sub-section that describes an object (a solver, an adjoint: it has `build()`) built
+    into that object, and a field declared with `option(..., kind=...)` turned from its name
+    into its option object (`spinformer._choices.choice`). What `Registration.kwargs_from` uses when the class defines no
     `from_config`."""
-    return {f.name: (v.build() if hasattr(v, "build") else v)
+    return {f.name: (choice(f.metadata["kind"], v, where=f.name) if "kind" in f.metadata
+                     else v.build() if hasattr(v, "build") else v)
             for f in dataclasses.fields(section) for v in [getattr(section, f.name)]}
 
 
