@@ -9,6 +9,7 @@ Run time is mostly XLA compilation, so test data are numpy arrays (no eager JAX 
 modules mostly share one `max_len`, and related calls share one jitted function.
 """
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -21,6 +22,7 @@ import pytest
 
 from spinformer import config as C
 from spinformer import nn, solvers, train
+from spinformer.nn import _boltzmann
 from spinformer.spins import samplers
 from spinformer.train._experiment import build_dataset, build_model
 
@@ -96,7 +98,7 @@ def _brute(h, J, K, vis):
 def _brute_all(attn, x, ctx, vis):
     """Fields and exact magnetizations (H, n, s) of the module's energy."""
     h = _fields(attn, x, ctx)
-    if "h" not in attn.mode:
+    if not attn.mode.uses_h:
         h = np.zeros_like(h)
     J = None if attn.J is None else np.asarray(attn.J, np.float64)
     K = None if attn.K is None else np.asarray(attn.K, np.float64)
@@ -326,7 +328,8 @@ def test_samplers_match_enumeration(getkey, x64):
         J = np.asarray(attn.J)[:, :T, :T]
         pairs = tril[:, :, None] & tril[:, None, :]
         state = jax.jit(jax.vmap(jax.vmap(lambda hq, Jq: samplers.dqa_state(
-            hq, Jq, steps=attn.dqa_steps, total_time=attn.dqa_time, gamma=attn.dqa_gamma))))
+            hq, Jq, steps=attn.inference.steps, total_time=attn.inference.total_time,
+            gamma=attn.inference.gamma))))
         prob = np.abs(np.asarray(state(h * tril, J[:, None] * pairs))) ** 2  # (H, T, 2^T)
         bits = (np.arange(2**T)[:, None] >> np.arange(T)[None, :]) & 1
         want = prob @ (1.0 - 2.0 * bits) * tril
@@ -400,8 +403,14 @@ def test_config_builds_boltzmann_model():
     assert cfg.train.coupling_weight_decay == 0.25
     attn = model.transformer.blocks.attention
     assert isinstance(attn, nn.BoltzmannAttention)
-    assert attn.mode == "hJK" and attn.inference == "exact" and attn.causal
-    assert attn.max_len == 8 and attn.num_samples == 77
+    assert str(attn.mode) == "hJK" and attn.mode == _boltzmann.EnergyHJK()
+    assert attn.inference == _boltzmann.ExactInference() and attn.causal and attn.max_len == 8
+    # the flat sampler keys reach the sampler the section names (structure only: nothing runs)
+    reg = nn.get_attention("boltzmann")
+    section = dataclasses.replace(cfg.model.boltzmann, inference="gibbs")
+    sampled = eqx.filter_eval_shape(lambda: nn.BoltzmannAttention(
+        16, 2, True, max_len=8, key=jax.random.key(0), **reg.kwargs_from(section)))
+    assert sampled.inference == _boltzmann.Gibbs(num_samples=77, burn_in=32)
     assert attn.J.shape == (1, 2, 8, 8) and attn.K.shape == (1, 2, 8, 8, 8)  # (depth, H, ...)
     J = np.asarray(attn.J[0])
     np.testing.assert_allclose(J, np.swapaxes(J, -1, -2))
@@ -457,10 +466,17 @@ def test_param_labels_and_coupling_weight_decay():
 
 def test_clear_errors(getkey, x64):  # x64: the same constructors as above
     k = getkey()
-    with pytest.raises(ValueError, match=r"mode='xx'; choose one of \('softmax', 'hJ'"):
+    with pytest.raises(ValueError, match=r"mode='xx' is not one of \['softmax', 'hJ'"):
         _bm("xx", key=k)
-    with pytest.raises(ValueError, match=r"inference='magic'; choose one of \('exact'"):
+    with pytest.raises(ValueError, match=r"inference='magic' is not one of \['exact'"):
         _bm(key=k, inference="magic")
+    with pytest.raises(TypeError, match=r"BoltzmannAttention: inference: EnergyH is a "
+                       r"boltzmann.mode option"):
+        _bm(key=k, inference=_boltzmann.EnergyH())
+    with pytest.raises(ValueError, match=r"num_samples=0 must be an int >= 1"):
+        _bm(key=k, inference="gibbs", num_samples=0)
+    with pytest.raises(ValueError, match=r"betas=\(1.0,\) must hold >= 2"):
+        _bm(key=k, inference=_boltzmann.ParallelTempering(betas=[1]))
     with pytest.raises(ValueError, match=r"TAP .*pairwise couplings only; mode='hJK'"):
         _bm("hJK", key=k, inference="tap")
     with pytest.raises(ValueError, match=r"DQA .*max_len <= 12, got 13"):
@@ -485,6 +501,24 @@ def test_clear_errors(getkey, x64):  # x64: the same constructors as above
     with pytest.raises(ValueError, match=r"one example"):
         trace(attn, jnp.zeros((2, 3, D)))
     assert trace(attn, jnp.zeros((4, D))).shape == (4, D)
+
+
+def test_options_are_objects(getkey):
+    """`mode` and `inference` take the option objects or their names; the module holds the
+    objects, and a sampler carries its settings, which the flat keys set."""
+    k = getkey()
+    build = lambda *a, **kw: eqx.filter_eval_shape(lambda: _bm(*a, key=k, **kw))  # noqa: E731
+    by_name = build("hJK", inference="dqa", num_samples=8, burn_in=3, dqa_steps=20)
+    by_object = build(_boltzmann.EnergyHJK(),
+                      inference=_boltzmann.DQA(num_samples=8, steps=20))
+    assert by_name.mode == by_object.mode == _boltzmann.EnergyHJK()
+    assert by_name.inference == by_object.inference == _boltzmann.DQA(8, 20, 5.0, 1.0)
+    assert str(by_name.inference) == "dqa" and by_name.inference.name == "dqa"
+    assert build(inference=_boltzmann.Gibbs(num_samples=8), burn_in=3).inference == \
+        _boltzmann.Gibbs(num_samples=8, burn_in=3)
+    pt = build(inference="parallel_tempering", betas=[1, 0.5]).inference
+    assert pt == _boltzmann.ParallelTempering(betas=(1.0, 0.5)) and pt.num_samples == 256
+    assert build(inference="tap", num_samples=8).inference == _boltzmann.TAPInference()
 
 
 # ------------------------------------------------------------------- 8. jit, vmap, training

@@ -26,9 +26,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
+from .._choices import choice
 from ..spins import vector
 from ._diagnostics import Diagnostics, Stats
-from ._spin import SpinAttention
+from ._spin import SpinAttention, SpinUpdate
 from ._transformer import SequenceModel, Transformer
 
 # The Jacobian of the steady-state map is (n·D_h)²: its eigenvalues are computed exactly up to
@@ -38,7 +39,6 @@ _POWER_STEPS = 100
 # Solutions closer than this many solver tolerances are one fixed point (see `cluster_tol`).
 _CLUSTER_FACTOR = 100.0
 _DEFAULT_SOLVER = solvers.Anderson(tol=1e-3)
-_UPDATES = ("tap", "mean_field")
 
 
 class FixedPointAnalysis(eqx.Module):
@@ -117,7 +117,7 @@ def steady_state_analysis(
     *,
     beta: float = 1.0,
     R: float = 1.0,
-    update: str = "tap",
+    update: Union[SpinUpdate, str] = "tap",
     solver: Optional[solvers.AbstractSolver] = None,
     key: PRNGKeyArray,
     num_starts: int = 8,
@@ -148,7 +148,8 @@ def steady_state_analysis(
     **Arguments:**
 
     - `x`: fields `(n, D_h)`; `J`: couplings `(n, n)`; `beta`, `R` as `spins.vector`.
-    - `update`: `"tap"` or `"mean_field"`.
+    - `update`: the update rule, `TAPUpdate()` / `MeanFieldUpdate()` or its name `"tap"` /
+      `"mean_field"`.
     - `solver`: the fixed-point solver (its `tol`, `max_steps` and `norm` apply); default
       `solvers.Anderson(tol=1e-3)`.
     - `key`: PRNG key for the random starts (and the power iteration's start vector).
@@ -161,8 +162,7 @@ def steady_state_analysis(
     inputs are taken as constants.
     """
     name = "steady_state_analysis"
-    if update not in _UPDATES:
-        raise ValueError(f"{name}: update={update!r}; choose one of {_UPDATES}.")
+    update = choice("spin.update", update, where=f"{name}: update")
     _check_positive_int(name, "num_starts", num_starts, 0)
     _check_positive_int(name, "exact_max", exact_max, 0)
     _check_positive_int(name, "power_steps", power_steps, 1)
@@ -180,16 +180,10 @@ def steady_state_analysis(
     x, J = x.astype(dtype), J.astype(dtype)
     ks, kp = jax.random.split(key)
 
-    if update == "tap":
-        ness = vector.tap_ness
+    ness = update.ness
 
-        def fn(m):
-            return vector.ness_update(m, x, J, beta=beta, R=R)
-    else:
-        ness = vector.mean_field_ness
-
-        def fn(m):
-            return vector.mean_field_step(m, x, J, beta=beta, R=R)
+    def fn(m):
+        return update.ness_map(m, x, J, beta=beta, R=R)
 
     m_default = vector.magnetization(x, beta=beta, R=R)
     starts = jnp.concatenate(
@@ -243,8 +237,8 @@ def fixed_point_analysis(
     if not isinstance(attention, SpinAttention):
         raise ValueError("fixed_point_analysis: attention must be a SpinAttention; got "
                          f"{type(attention).__name__}.")
-    if attention.mode != "fixed_point":
-        raise ValueError(f"fixed_point_analysis: the attention has mode={attention.mode!r}; "
+    if attention.mode.steps:
+        raise ValueError(f"fixed_point_analysis: the attention has mode={attention.mode}; "
                          "only mode='fixed_point' solves for a steady state.")
     if jnp.ndim(x) != 2 or jnp.shape(x)[-1] != attention.dim:
         raise ValueError(f"fixed_point_analysis: x must have shape (n, {attention.dim}); got "
@@ -333,7 +327,7 @@ def model_analysis(
 
     fixed = None
     attention = model.blocks.attention
-    if isinstance(attention, SpinAttention) and attention.mode == "fixed_point":
+    if isinstance(attention, SpinAttention) and not attention.mode.steps:
         inputs = jnp.concatenate([model.embeddings(tokens)[None], diag.hidden[:-1]], axis=0)
         keys = jax.random.split(key, model.depth)
 

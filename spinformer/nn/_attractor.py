@@ -13,8 +13,9 @@ frames = net.reconstruct(corrupted_HxW, steps=30)                        # (31, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Literal, Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import equinox as eqx
 import jax
@@ -22,14 +23,112 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._choices import Choice, choice, register_choice
 from .._patches import patchify, unpatchify
 from ..spins import attractor as _phys
 from ._diagnostics import Diagnostics
 
-__all__ = ["AttractorNetwork", "PixelSpinEmbedding", "attractor_sgd_step"]
+__all__ = [
+    "AttractorConstraint",
+    "AttractorNetwork",
+    "AttractorObjective",
+    "BlockNorm",
+    "EnergyObjective",
+    "GlobalNorm",
+    "PixelSpinEmbedding",
+    "PseudoLikelihoodObjective",
+    "attractor_sgd_step",
+]
 
-Objective = Literal["energy", "pseudo_likelihood"]
-Constraint = Literal["global", "block"]
+
+# --- the options: which norm is held fixed, and what training minimises ---------------------
+
+class AttractorConstraint(Choice):
+    """Which norm of the couplings `AttractorNetwork` holds fixed (the option `constraint`,
+    kind `"attractor.constraint"`): `BlockNorm` (`"block"`) or `GlobalNorm` (`"global"`).
+    The couplings' diagonal blocks 𝕁_ii are zero under both."""
+
+    def initial(self, J: Float[Array, "N N d d"], dim: int) -> tuple[Array, float]:
+        """The initial couplings on the constraint and the norm held fixed, from the drawn
+        couplings `J` (zero diagonal blocks, entries uniform in [−1/(2d), 1/(2d)])."""
+        raise NotImplementedError
+
+    def project(self, J: Float[Array, "N N d d"], norm_value: float) -> Array:
+        """`J` put back on the constraint: zero diagonal blocks, the norm `norm_value`."""
+        raise NotImplementedError
+
+    def measure(self, J: Float[Array, "N N d d"]) -> Array:
+        """The constrained norm of `J`."""
+        raise NotImplementedError
+
+
+@register_choice("attractor.constraint", "global")
+@dataclasses.dataclass(frozen=True)
+class GlobalNorm(AttractorConstraint):
+    """The Frobenius norm of the whole coupling tensor is held at its initial value."""
+
+    def initial(self, J, dim):
+        return J, float(jnp.sqrt(jnp.sum(J * J)))
+
+    def project(self, J, norm_value):
+        J = _phys.zero_diagonal(J)
+        return J * (norm_value / jnp.sqrt(jnp.sum(J * J)))
+
+    def measure(self, J):
+        """A scalar."""
+        return jnp.sqrt(jnp.sum(J * J))
+
+
+@register_choice("attractor.constraint", "block")
+@dataclasses.dataclass(frozen=True)
+class BlockNorm(AttractorConstraint):
+    """The Frobenius norm of every block 𝕁_ij (i ≠ j) is held at the expected block norm of
+    the initialisation, d·(1/(2d))/√3 = 1/(2√3)."""
+
+    def initial(self, J, dim):
+        # the expected block norm, d·(1/(2d))/√3, the same for every block
+        norm_value = float(0.5 / math.sqrt(3.0))
+        return self.project(J, norm_value), norm_value
+
+    def project(self, J, norm_value):
+        J = _phys.zero_diagonal(J)
+        n = jnp.sqrt(jnp.sum(J * J, axis=(2, 3), keepdims=True))
+        N = J.shape[0]
+        eye = jnp.eye(N, dtype=bool)[:, :, None, None]
+        return jnp.where(eye, 0.0, J * (norm_value / jnp.where(eye, 1.0, n)))
+
+    def measure(self, J):
+        """`(N, N)`, zero on the diagonal."""
+        return jnp.sqrt(jnp.sum(J * J, axis=(2, 3)))
+
+
+class AttractorObjective(Choice):
+    """What `attractor_sgd_step` minimises per image (the option `objective`, kind
+    `"attractor.objective"`): `EnergyObjective` (`"energy"`) or `PseudoLikelihoodObjective`
+    (`"pseudo_likelihood"`)."""
+
+    def loss(self, x: Float[Array, "N d"], J: Float[Array, "N N d d"], lam: float) -> Array:
+        """The loss of one embedded image `x` under couplings `J` at strength `lam`."""
+        raise NotImplementedError
+
+
+@register_choice("attractor.objective", "energy")
+@dataclasses.dataclass(frozen=True)
+class EnergyObjective(AttractorObjective):
+    """The paper's energy E(ξ) = Σ_i e_i(ξ) (`spins.attractor.energy`)."""
+
+    def loss(self, x, J, lam):
+        return _phys.energy(x, J, lam=lam)
+
+
+@register_choice("attractor.objective", "pseudo_likelihood")
+@dataclasses.dataclass(frozen=True)
+class PseudoLikelihoodObjective(AttractorObjective):
+    """The exact negative log pseudo-likelihood on the sphere, summed over the tokens
+    (`spins.attractor.pseudo_likelihood`)."""
+
+    def loss(self, x, J, lam):
+        return jnp.sum(_phys.pseudo_likelihood(x, J, lam=lam))
 
 
 def _check_images(name: str, images, image_shape, batch: bool):
@@ -136,7 +235,8 @@ class AttractorNetwork(eqx.Module):
 
     Fields: `couplings (N, N, d, d)` — the only trained array; `embedding` (fixed
     `PixelSpinEmbedding`); `norm_value`, the Frobenius norm the couplings are held at (of the
-    whole tensor with `constraint="global"`, of every block 𝕁_ij with `"block"`).
+    whole tensor with `constraint="global"`, of every block 𝕁_ij with `"block"`);
+    `constraint`, the `AttractorConstraint` object.
 
     **Arguments:**
 
@@ -145,7 +245,8 @@ class AttractorNetwork(eqx.Module):
       dynamics at test time (paper: 1).
     - `gamma`: self-coupling γ in x_i ← Σ_j α 𝕁 x_j + γ x_i (paper: 1).
     - `norm`: `"sphere"` (default) or `"layernorm"` after every step (`spins.attractor.normalize`).
-    - `constraint`: `"block"` (default) or `"global"` — which norm is held fixed, see above. The
+    - `constraint`: an `AttractorConstraint` or its name, `BlockNorm()` (`"block"`, default)
+      or `GlobalNorm()` (`"global"`) — which norm is held fixed, see above. The
       paper says "the L2 norm of the matrix is kept fixed", and calls each 𝕁_ij "a d × d
       matrix"; holding every block's norm is also what reproduces its transient memories
       (with the whole tensor's norm fixed, training concentrates the couplings on a few pairs
@@ -163,29 +264,23 @@ class AttractorNetwork(eqx.Module):
     lam_test: float = eqx.field(static=True)
     gamma: float = eqx.field(static=True)
     norm: str = eqx.field(static=True)
-    constraint: str = eqx.field(static=True)
+    constraint: AttractorConstraint = eqx.field(static=True)
 
     def __init__(self, image_shape: Sequence[int], patch: int, dim: int, *,
                  lam_train: float = 5.0, lam_test: float = 1.0, gamma: float = 1.0,
-                 norm: str = "sphere", constraint: Constraint = "block",
+                 norm: str = "sphere",
+                 constraint: Union[AttractorConstraint, str] = "block",
                  key: PRNGKeyArray):
         if norm not in _phys.NORMS:
             raise ValueError(f"AttractorNetwork: norm must be one of {_phys.NORMS}; got "
                              f"{norm!r}.")
-        if constraint not in ("global", "block"):
-            raise ValueError(f"AttractorNetwork: constraint must be 'global' or 'block'; got "
-                             f"{constraint!r}.")
+        constraint = choice("attractor.constraint", constraint,
+                            where="AttractorNetwork: constraint")
         ke, kj = jax.random.split(key)
         self.embedding = PixelSpinEmbedding(image_shape, patch, dim, key=ke)
         N, d = self.embedding.num_tokens, int(dim)
         J = jax.random.uniform(kj, (N, N, d, d), minval=-0.5 / d, maxval=0.5 / d)
-        J = _phys.zero_diagonal(J)
-        self.couplings = J
-        if constraint == "global":
-            self.norm_value = float(jnp.sqrt(jnp.sum(J * J)))
-        else:  # the expected block norm, d·(1/(2d))/√3, the same for every block
-            self.norm_value = float(0.5 / math.sqrt(3.0))
-            self.couplings = _project(J, self.norm_value, "block")
+        self.couplings, self.norm_value = constraint.initial(_phys.zero_diagonal(J), d)
         self.lam_train, self.lam_test, self.gamma = float(lam_train), float(lam_test), float(gamma)
         self.norm, self.constraint = norm, constraint
 
@@ -241,31 +336,19 @@ class AttractorNetwork(eqx.Module):
     def constrained(self) -> "AttractorNetwork":
         """The same network with the couplings put back on the constraint (norm, 𝕁_ii = 0)."""
         return eqx.tree_at(lambda m: m.couplings, self,
-                           _project(self.couplings, self.norm_value, self.constraint))
+                           self.constraint.project(self.couplings, self.norm_value))
 
     def coupling_norm(self) -> Array:
         """The constrained norm: of the whole tensor (`constraint="global"`, a scalar) or of
         every block 𝕁_ij (`"block"`, `(N, N)`, zero on the diagonal)."""
-        J = self.couplings
-        if self.constraint == "global":
-            return jnp.sqrt(jnp.sum(J * J))
-        return jnp.sqrt(jnp.sum(J * J, axis=(2, 3)))
-
-
-def _project(J, norm_value, constraint):
-    J = _phys.zero_diagonal(J)
-    if constraint == "global":
-        return J * (norm_value / jnp.sqrt(jnp.sum(J * J)))
-    n = jnp.sqrt(jnp.sum(J * J, axis=(2, 3), keepdims=True))
-    N = J.shape[0]
-    eye = jnp.eye(N, dtype=bool)[:, :, None, None]
-    return jnp.where(eye, 0.0, J * (norm_value / jnp.where(eye, 1.0, n)))
+        return self.constraint.measure(self.couplings)
 
 
 def attractor_sgd_step(net: AttractorNetwork, images: Float[ArrayLike, "B H W"], *, lr: float,
-                       clip: float, objective: Objective = "energy"):
+                       clip: float, objective: Union[AttractorObjective, str] = "energy"):
     """One training step of the paper's sec. II-C / V-B: the mean over the batch of E(ξ) (or the
-    exact negative log pseudo-likelihood on the sphere, `objective="pseudo_likelihood"`) at
+    exact negative log pseudo-likelihood on the sphere, `objective="pseudo_likelihood"`; an
+    `AttractorObjective` or its name: `EnergyObjective()`, `PseudoLikelihoodObjective()`) at
     `net.lam_train`, its gradient with respect to the couplings only (the loss is a function
     of the data and the couplings: nothing is backpropagated through the dynamics), the
     gradient's L2 norm clipped at `clip`, a plain SGD step of size `lr`, and the couplings put
@@ -279,23 +362,17 @@ def attractor_sgd_step(net: AttractorNetwork, images: Float[ArrayLike, "B H W"],
     were).
     """
     _check_images("attractor_sgd_step", images, net.embedding.image_shape, True)
-    if objective not in ("energy", "pseudo_likelihood"):
-        raise ValueError(f"attractor_sgd_step: objective must be 'energy' or "
-                         f"'pseudo_likelihood'; got {objective!r}.")
+    objective = choice("attractor.objective", objective, where="attractor_sgd_step: objective")
     x = jax.vmap(net.embedding.embed)(jnp.asarray(images, jnp.float32))  # (B, N, d)
     lam = net.lam_train
 
     def loss(J):
-        if objective == "energy":
-            per = jax.vmap(lambda xx: _phys.energy(xx, J, lam=lam))(x)
-        else:
-            per = jax.vmap(lambda xx: jnp.sum(_phys.pseudo_likelihood(xx, J, lam=lam)))(x)
-        return jnp.mean(per)
+        return jnp.mean(jax.vmap(lambda xx: objective.loss(xx, J, lam))(x))
 
     value, g = jax.value_and_grad(loss)(net.couplings)
     gnorm = jnp.sqrt(jnp.sum(g * g))
     g = g * jnp.minimum(1.0, clip / (gnorm + 1e-12))
-    J = _project(net.couplings - lr * g, net.norm_value, net.constraint)
+    J = net.constraint.project(net.couplings - lr * g, net.norm_value)
     ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
     J = jnp.where(ok, J, net.couplings)  # a non-finite step is skipped, never applied
     net = eqx.tree_at(lambda m: m.couplings, net, J)

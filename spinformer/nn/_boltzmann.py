@@ -12,25 +12,28 @@ weights are α_ij = (⟨s_j⟩_i + 1)/2 (Eq. 9), normalised over the visible pos
 output is Σ_j α̃_ij v_j as in softmax attention. With causal masking query i sees positions
 j ≤ i and the couplings act only among them.
 
-Modes (the paper's ablation): `softmax` (the baseline, no spins), `h` (J = 0: sigmoid
-attention, α = σ(2h), computed in closed form), `hJ` (the proposed model), `J` (h = 0),
-and the three-body variants `hK`, `hJK`, `JK`, `K`.
+Modes (the paper's ablation), `BoltzmannMode` objects or their names: `softmax`
+(`SoftmaxBaseline`, no spins), `h` (`EnergyH`, J = 0: sigmoid attention, α = σ(2h), computed
+in closed form), `hJ` (`EnergyHJ`, the proposed model), `J` (`EnergyJ`, h = 0), and the
+three-body variants `hK`, `hJK`, `JK`, `K` (`EnergyHK`, `EnergyHJK`, `EnergyJK`, `EnergyK`).
 
 Note on `J` alone: with h = 0 and no K the energy is even under s → −s, so ⟨s_j⟩ = 0 for
 every J and the attention is exactly uniform over the visible positions — J receives zero
 gradient. Only K breaks that symmetry (modes `JK`, `K`).
 
-Inference: `exact` (enumeration, `spins.ising.boltzmann_marginals`; exact gradients),
-`mean_field` / `tap` (fixed points with implicit gradients), and the samplers `gibbs`,
-`parallel_tempering`, `dqa` (simulated diabatic quantum annealing, T ≤ 12) of
-`spins.samplers`, whose sample means carry straight-through gradients (see
+Inference, `BoltzmannInference` objects or their names: `exact` (`ExactInference`,
+enumeration, `spins.ising.boltzmann_marginals`; exact gradients), `mean_field` / `tap`
+(`MeanFieldInference`, `TAPInference`: fixed points with implicit gradients), and the
+samplers `gibbs`, `parallel_tempering`, `dqa` (`Gibbs`, `ParallelTempering`, `DQA`: simulated
+diabatic quantum annealing, T ≤ 12) of `spins.samplers`, which carry their settings (number
+of samples, burn-in, ...) and whose sample means carry straight-through gradients (see
 `BoltzmannAttention`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, ClassVar, Optional, Union
 
 import equinox as eqx
 import jax
@@ -38,16 +41,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
 from ._registry import register_attention
-
-MODES = ("softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K")
-INFERENCES = ("exact", "mean_field", "tap", "gibbs", "parallel_tempering", "dqa")
-_SAMPLERS = ("gibbs", "parallel_tempering", "dqa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +56,10 @@ class BoltzmannConfig:
 
     mode: str = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
                        "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), or "
-                       "the three-body variants hK, hJK, JK, K", MODES)
+                       "the three-body variants hK, hJK, JK, K", kind="boltzmann.mode")
     inference: str = option("exact", "how magnetizations are computed: exact (enumeration, "
                             "T<=24), mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
-                            INFERENCES)
+                            kind="boltzmann.inference")
     init_scale: float = option(0.0, "standard deviation of the initial couplings J (and K); "
                                "0 starts at sigmoid attention")
     num_samples: int = option(256, "samplers: samples per query and head")
@@ -88,13 +88,6 @@ class BoltzmannConfig:
 _DEFAULTS = BoltzmannConfig()
 
 
-def _uses(mode: str) -> tuple[bool, bool, bool]:
-    """(fields h, pair couplings J, three-body K) used by a mode."""
-    if mode == "softmax":
-        return True, False, False
-    return "h" in mode, "J" in mode, "K" in mode
-
-
 # Added to every visible α before normalising: float32 magnetizations near −1 round to α = 0
 # (or to −1e-6: the enumeration's sums round too), and a query whose every α vanishes would
 # divide 0 by 0, with NaN gradients (seen in training). Negligible whenever Σα ≫ T·1e-6.
@@ -112,6 +105,346 @@ def normalized_weights(m, visible=1.0):
     return alpha / jnp.where(total > 0, total, 1.0)  # a query that sees nothing: all zero
 
 
+# ------------------------------------------------------------------------------ modes
+
+
+class BoltzmannMode(Choice):
+    """Which energy terms Boltzmann attention has (`mode=`, config `model.boltzmann.mode`):
+    fields h, pair couplings J, three-body couplings K (`uses_h`, `uses_J`, `uses_K`), or
+    plain softmax attention. The mode zeroes the fields it does not use (`fields`), gives
+    the magnetizations in closed form where they need no inference (`closed_form`), and
+    turns fields into attention weights (`attend`)."""
+
+    uses_h: ClassVar[bool] = True
+    uses_J: ClassVar[bool] = False
+    uses_K: ClassVar[bool] = False
+    # the magnetizations need the module's inference (no closed form)
+    needs_inference: ClassVar[bool] = True
+
+    def fields(self, h):
+        """The fields of the energy: `h`, or zeros in a mode without fields."""
+        return h if self.uses_h else jnp.zeros_like(h)
+
+    def closed_form(self, h, visible):
+        """The magnetizations `(H, n, s)` of fields `h` over `visible` (`(n, s)` 1/0, or
+        None: all), where they have a closed form; None where inference is needed."""
+        del h, visible
+        return None
+
+    def attend(self, h, visible, magnetizations: Callable[[], tuple]):
+        """`(weights, magnetizations, stats)` from fields `h (H, n, s)` and the visible
+        positions (boolean `(n, s)`, or None: all); `magnetizations()` computes
+        `(m, stats)`. Spin modes weight by α ∝ (⟨s⟩ + 1)/2 (`normalized_weights`)."""
+        m, stats = magnetizations()
+        vis = 1.0 if visible is None else visible.astype(h.dtype)
+        return normalized_weights(m, vis), m, stats
+
+
+class _Independent(BoltzmannMode):
+    """No couplings: independent spins, ⟨s⟩ = tanh(h)."""
+
+    needs_inference: ClassVar[bool] = False
+
+    def closed_form(self, h, visible):
+        m = jnp.tanh(h)
+        return m if visible is None else m * visible
+
+
+@register_choice("boltzmann.mode", "softmax")
+@dataclasses.dataclass(frozen=True)
+class SoftmaxBaseline(_Independent):
+    """`softmax`: plain softmax attention over the fields (the ablation's baseline, no
+    spins); its diagnostics report the magnetizations 2·weights − 1."""
+
+    def attend(self, h, visible, magnetizations):
+        del magnetizations
+        weights = masked_softmax(h, visible)
+        return weights, 2.0 * weights - 1.0, None
+
+
+@register_choice("boltzmann.mode", "hJ")
+@dataclasses.dataclass(frozen=True)
+class EnergyHJ(BoltzmannMode):
+    """`hJ`: fields and learnable pair couplings J (the proposed model)."""
+
+    uses_J: ClassVar[bool] = True
+
+
+@register_choice("boltzmann.mode", "h")
+@dataclasses.dataclass(frozen=True)
+class EnergyH(_Independent):
+    """`h`: fields only (J = 0): sigmoid attention, α = σ(2h), in closed form."""
+
+
+@register_choice("boltzmann.mode", "J")
+@dataclasses.dataclass(frozen=True)
+class EnergyJ(BoltzmannMode):
+    """`J`: couplings only (h = 0). E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J: the
+    attention is uniform over the visible positions (in closed form)."""
+
+    uses_h: ClassVar[bool] = False
+    uses_J: ClassVar[bool] = True
+    needs_inference: ClassVar[bool] = False
+
+    def closed_form(self, h, visible):
+        del visible
+        return jnp.zeros_like(h)
+
+
+@register_choice("boltzmann.mode", "hK")
+@dataclasses.dataclass(frozen=True)
+class EnergyHK(BoltzmannMode):
+    """`hK`: fields and three-body couplings K."""
+
+    uses_K: ClassVar[bool] = True
+
+
+@register_choice("boltzmann.mode", "hJK")
+@dataclasses.dataclass(frozen=True)
+class EnergyHJK(BoltzmannMode):
+    """`hJK`: fields, pair couplings J and three-body couplings K."""
+
+    uses_J: ClassVar[bool] = True
+    uses_K: ClassVar[bool] = True
+
+
+@register_choice("boltzmann.mode", "JK")
+@dataclasses.dataclass(frozen=True)
+class EnergyJK(BoltzmannMode):
+    """`JK`: pair and three-body couplings, no fields (K breaks the spin-flip symmetry)."""
+
+    uses_h: ClassVar[bool] = False
+    uses_J: ClassVar[bool] = True
+    uses_K: ClassVar[bool] = True
+
+
+@register_choice("boltzmann.mode", "K")
+@dataclasses.dataclass(frozen=True)
+class EnergyK(BoltzmannMode):
+    """`K`: three-body couplings only."""
+
+    uses_h: ClassVar[bool] = False
+    uses_K: ClassVar[bool] = True
+
+
+# -------------------------------------------------------------------------- inference
+
+
+def _check_int(where: str, what: str, v: Any, lo: int) -> None:
+    if not isinstance(v, int) or v < lo:
+        raise ValueError(f"{where}: {what}={v!r} must be an int >= {lo}.")
+
+
+class BoltzmannInference(Choice):
+    """How Boltzmann attention computes the magnetizations ⟨s_j⟩_i (`inference=`, config
+    `model.boltzmann.inference`): `query` solves one query's Ising model, `structured`
+    (exact inference only) all queries at once when every position is visible or the
+    pattern is causal. A sampler carries its settings as fields, which the module's flat
+    keyword arguments (`num_samples=`, `burn_in=`, `betas=`, `dqa_steps=`, `dqa_time=`,
+    `dqa_gamma=`) set (`configured`)."""
+
+    # flat constructor / config key -> field of this class
+    _FLAT: ClassVar[dict[str, str]] = {}
+
+    def configured(self, **flat) -> "BoltzmannInference":
+        """This inference with the fields named by the flat keys set (keys that are None or
+        that it does not use are ignored)."""
+        updates = {field: flat[k] for k, field in self._FLAT.items()
+                   if flat.get(k) is not None}
+        return dataclasses.replace(self, **updates) if updates else self
+
+    def check(self, where: str, mode: BoltzmannMode, max_len: int) -> None:
+        """Raise `ValueError` (naming `where`) if it cannot serve `mode` up to `max_len`
+        key positions, or if its settings are invalid."""
+
+    def structured(self, h, J, K, *, causal: bool):
+        """The magnetizations `(H, n, s)` of all queries at once (every position visible, or
+        with `causal` the pattern j ≤ i), or None: this inference solves each query alone."""
+        del h, J, K, causal
+        return None
+
+    def query(self, attn: "BoltzmannAttention", h, J, K, key):
+        """`(m (s,), stats)` for one query: fields `h (s,)`, couplings `J (s, s)`, `K (s, s,
+        s)` or None, PRNG `key`; `attn` supplies the solver."""
+        raise NotImplementedError
+
+    def no_stats(self, H: int, n: int, dtype):
+        """The solver statistics of a call that ran no solver (the structure of one that
+        did: None where this inference reports none)."""
+        del H, n, dtype
+        return None
+
+
+@register_choice("boltzmann.inference", "exact")
+@dataclasses.dataclass(frozen=True)
+class ExactInference(BoltzmannInference):
+    """`exact`: enumeration of all 2^T configurations (T ≤ 24; exact gradients)."""
+
+    def check(self, where, mode, max_len):
+        if mode.needs_inference and max_len > ising.MAX_BOLTZMANN_T:
+            raise ValueError(
+                f"{where}: exact inference enumerates 2^T configurations and is limited to "
+                f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use "
+                "inference='mean_field', 'tap', 'gibbs' or 'parallel_tempering'.")
+
+    def structured(self, h, J, K, *, causal):
+        # shared enumeration over all queries (prefix blocks when causal)
+        def one_head(hh, jj, kk):
+            return ising.boltzmann_marginals(hh, jj, causal=causal, K=kk)
+
+        if K is None:
+            return jax.vmap(lambda hh, jj: one_head(hh, jj, None))(h, J)
+        return jax.vmap(one_head)(h, J, K)
+
+    def query(self, attn, h, J, K, key):
+        del attn, key
+        return ising.exact_marginals(h, J, K=K), None
+
+
+class _FixedPoint(BoltzmannInference):
+    """A mean-field fixed point solved with the module's `solver` (implicit gradients
+    through its `adjoint`), with solver statistics."""
+
+    def solve(self, h, J, K, **kw):
+        raise NotImplementedError
+
+    def query(self, attn, h, J, K, key):
+        del key
+        sol = self.solve(h, J, K, solver=attn.solver, adjoint=attn.adjoint, throw=attn.throw)
+        return sol.value, Stats.of(sol)
+
+    def no_stats(self, H, n, dtype):
+        return Stats.none((H, n), dtype)
+
+
+@register_choice("boltzmann.inference", "mean_field")
+@dataclasses.dataclass(frozen=True)
+class MeanFieldInference(_FixedPoint):
+    """`mean_field`: naive mean field m = tanh(h + J m [+ ½ K:mm])."""
+
+    def solve(self, h, J, K, **kw):
+        return ising.mean_field(h, J, K=K, **kw)
+
+
+@register_choice("boltzmann.inference", "tap")
+@dataclasses.dataclass(frozen=True)
+class TAPInference(_FixedPoint):
+    """`tap`: TAP (Onsager-corrected) mean field, pairwise couplings only."""
+
+    def check(self, where, mode, max_len):
+        if mode.uses_K:
+            raise ValueError(
+                f"{where}: TAP equations are implemented for pairwise couplings only; "
+                f"mode={mode.name!r} has three-body K. Use inference='mean_field', 'exact' or "
+                "a sampler.")
+
+    def solve(self, h, J, K, **kw):
+        del K  # pairwise only (checked at construction)
+        return ising.tap(h, J, **kw)
+
+
+class BoltzmannSampler(BoltzmannInference):
+    """Sample means from `spins.samplers`, with straight-through gradients from the
+    surrogate m̃ = tanh(h + J m̂ [+ ½ K:m̂m̂]) at the (gradient-stopped) sample mean m̂."""
+
+    num_samples: int
+
+    def sample(self, h, J, K, key):
+        """Samples `(num_samples, s)` in ±1."""
+        raise NotImplementedError
+
+    def check(self, where, mode, max_len):
+        _check_int(where, "num_samples", self.num_samples, 1)
+
+    def query(self, attn, h, J, K, key):
+        del attn
+        S = self.sample(h, J, K, key)
+        return samplers.straight_through_mean_field(jnp.mean(S, axis=0), h, J, K=K), None
+
+
+@register_choice("boltzmann.inference", "gibbs")
+@dataclasses.dataclass(frozen=True)
+class Gibbs(BoltzmannSampler):
+    """`gibbs`: Gibbs sampling, `num_samples` sweeps after `burn_in` discarded ones."""
+
+    num_samples: int = _DEFAULTS.num_samples
+    burn_in: int = _DEFAULTS.burn_in
+
+    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "burn_in": "burn_in"}
+
+    def check(self, where, mode, max_len):
+        super().check(where, mode, max_len)
+        _check_int(where, "burn_in", self.burn_in, 0)
+
+    def sample(self, h, J, K, key):
+        return samplers.gibbs(h, J, key=key, num_samples=self.num_samples,
+                              burn_in=self.burn_in, K=K)
+
+
+@register_choice("boltzmann.inference", "parallel_tempering")
+@dataclasses.dataclass(frozen=True)
+class ParallelTempering(BoltzmannSampler):
+    """`parallel_tempering`: replicas at inverse temperatures `betas` (the target β = 1
+    first), `num_samples` sweeps after `burn_in` discarded ones."""
+
+    num_samples: int = _DEFAULTS.num_samples
+    burn_in: int = _DEFAULTS.burn_in
+    betas: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3)
+
+    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "burn_in": "burn_in",
+                                       "betas": "betas"}
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+    def check(self, where, mode, max_len):
+        super().check(where, mode, max_len)
+        _check_int(where, "burn_in", self.burn_in, 0)
+        if len(self.betas) < 2 or self.betas[0] != 1.0:
+            raise ValueError(f"{where}: betas={self.betas} must hold >= 2 inverse "
+                             "temperatures starting with the target 1.0, e.g. (1.0, 0.7, 0.5, "
+                             "0.3).")
+
+    def sample(self, h, J, K, key):
+        return samplers.parallel_tempering(h, J, key=key, betas=jnp.asarray(self.betas),
+                                           num_samples=self.num_samples,
+                                           burn_in=self.burn_in, K=K)
+
+
+@register_choice("boltzmann.inference", "dqa")
+@dataclasses.dataclass(frozen=True)
+class DQA(BoltzmannSampler):
+    """`dqa`: simulated diabatic quantum annealing (T ≤ 12), `num_samples` measurements of
+    the state after a Trotterised transverse-field anneal of `steps` steps (`dqa_steps`),
+    total time `total_time` (`dqa_time`) and transverse field `gamma` (`dqa_gamma`); Kim and
+    Park §4.5: 200 steps, τ = 5."""
+
+    num_samples: int = _DEFAULTS.num_samples
+    steps: int = _DEFAULTS.dqa_steps
+    total_time: float = _DEFAULTS.dqa_time
+    gamma: float = 1.0
+
+    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "dqa_steps": "steps",
+                                       "dqa_time": "total_time", "dqa_gamma": "gamma"}
+
+    def __post_init__(self):
+        object.__setattr__(self, "total_time", float(self.total_time))
+        object.__setattr__(self, "gamma", float(self.gamma))
+
+    def check(self, where, mode, max_len):
+        super().check(where, mode, max_len)
+        _check_int(where, "dqa_steps", self.steps, 1)
+        if mode.needs_inference and max_len > samplers.MAX_DQA:
+            raise ValueError(
+                f"{where}: simulated DQA holds a 2^T state vector and is limited to "
+                f"max_len <= {samplers.MAX_DQA}, got {max_len}; use 'gibbs' or "
+                "'parallel_tempering' for longer sequences.")
+
+    def sample(self, h, J, K, key):
+        return samplers.dqa(h, J, key=key, num_samples=self.num_samples, steps=self.steps,
+                            total_time=self.total_time, gamma=self.gamma, K=K)
+
+
 # The Ising couplings form the optimizer group "couplings", with their own learning rate and
 # weight decay (Kim and Park §4.1: LR_J).
 @register_attention("boltzmann", config=BoltzmannConfig, takes_max_len=True,
@@ -126,16 +459,21 @@ class BoltzmannAttention(eqx.Module):
     - `max_len`: the longest key sequence; J is a learnable `(H, max_len, max_len)` array
       (and K `(H, max_len, max_len, max_len)`), indexed by absolute position. Sequences
       shorter than `max_len` use the leading block.
-    - `mode`: one of `"softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"` (which energy terms
-      are present; `"softmax"` is plain softmax attention).
-    - `inference`: how the magnetizations ⟨s_j⟩_i are computed:
-      `"exact"` — enumeration of all 2^T configurations (T ≤ 24; exact gradients);
-      `"mean_field"` — naive mean field m = tanh(h + J m [+ ½ K:mm]), solved with `solver`,
-      implicit gradients; `"tap"` — TAP (Onsager-corrected) mean field, no K;
-      `"gibbs"`, `"parallel_tempering"`, `"dqa"` — sample means from `spins.samplers`
-      (DQA: Trotterised transverse-field anneal, T ≤ 12), with straight-through gradients
-      from the surrogate m̃ = tanh(h + J m̂ [+ ½ K:m̂m̂]) evaluated at the (gradient-stopped)
-      sample mean m̂ — one mean-field step, exact when the couplings vanish.
+    - `mode`: which energy terms are present, a `BoltzmannMode` or its name:
+      `SoftmaxBaseline` (`"softmax"`: plain softmax attention), `EnergyHJ` (`"hJ"`),
+      `EnergyH` (`"h"`), `EnergyJ` (`"J"`), `EnergyHK` (`"hK"`), `EnergyHJK` (`"hJK"`),
+      `EnergyJK` (`"JK"`), `EnergyK` (`"K"`). The module holds the object.
+    - `inference`: how the magnetizations ⟨s_j⟩_i are computed, a `BoltzmannInference` or
+      its name (the module holds the object):
+      `ExactInference` (`"exact"`) — enumeration of all 2^T configurations (T ≤ 24; exact
+      gradients); `MeanFieldInference` (`"mean_field"`) — naive mean field
+      m = tanh(h + J m [+ ½ K:mm]), solved with `solver`, implicit gradients;
+      `TAPInference` (`"tap"`) — TAP (Onsager-corrected) mean field, no K;
+      `Gibbs`, `ParallelTempering`, `DQA` (`"gibbs"`, `"parallel_tempering"`, `"dqa"`) —
+      sample means from `spins.samplers` (DQA: Trotterised transverse-field anneal, T ≤ 12),
+      with straight-through gradients from the surrogate m̃ = tanh(h + J m̂ [+ ½ K:m̂m̂])
+      evaluated at the (gradient-stopped) sample mean m̂ — one mean-field step, exact when
+      the couplings vanish. A sampler carries its settings (`Gibbs(num_samples=64)`).
     - `init_scale`: standard deviation of the initial couplings (0: start at J = 0, i.e. at
       sigmoid attention).
     - `num_samples`, `burn_in`: sampler settings (per query and head; sweeps for Gibbs and
@@ -143,6 +481,11 @@ class BoltzmannAttention(eqx.Module):
     - `betas`: inverse temperatures of the parallel-tempering replicas (target β = 1 first).
     - `dqa_steps`, `dqa_time`, `dqa_gamma`: Trotter steps, anneal time and transverse field
       (Kim and Park §4.5: 200 steps, τ = 5).
+
+      These six set the fields of the sampler that `inference` names (or is); None, the
+      default, keeps the sampler's own (its defaults are the config section's: 256 samples,
+      burn-in 32, β = (1, 0.7, 0.5, 0.3), 200 steps, τ = 5, Γ = 1). Keys the inference does
+      not use are ignored.
     - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
       tolerance and step budget; default `Anderson(tol=1e-4, max_steps=100)`).
     - `use_bias`: biases on the q/k/v/out projections.
@@ -164,28 +507,22 @@ class BoltzmannAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
     max_len: int = eqx.field(static=True)
-    mode: str = eqx.field(static=True)
-    inference: str = eqx.field(static=True)
-    num_samples: int = eqx.field(static=True)
-    burn_in: int = eqx.field(static=True)
-    betas: tuple[float, ...] = eqx.field(static=True)
-    dqa_steps: int = eqx.field(static=True)
-    dqa_time: float = eqx.field(static=True)
-    dqa_gamma: float = eqx.field(static=True)
+    mode: BoltzmannMode = eqx.field(static=True)
+    inference: BoltzmannInference = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        mode: str = _DEFAULTS.mode,
-        inference: str = _DEFAULTS.inference,
+        mode: Union[str, BoltzmannMode] = _DEFAULTS.mode,
+        inference: Union[str, BoltzmannInference] = _DEFAULTS.inference,
         init_scale: float = _DEFAULTS.init_scale,
-        num_samples: int = _DEFAULTS.num_samples,
-        burn_in: int = _DEFAULTS.burn_in,
-        betas: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3),
-        dqa_steps: int = _DEFAULTS.dqa_steps,
-        dqa_time: float = _DEFAULTS.dqa_time,
-        dqa_gamma: float = 1.0,
+        num_samples: Optional[int] = None,
+        burn_in: Optional[int] = None,
+        betas: Optional[tuple[float, ...]] = None,
+        dqa_steps: Optional[int] = None,
+        dqa_time: Optional[float] = None,
+        dqa_gamma: Optional[float] = None,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = True,
@@ -194,55 +531,34 @@ class BoltzmannAttention(eqx.Module):
     ):
         name = "BoltzmannAttention"
         check_heads(name, dim, num_heads)
-        if mode not in MODES:
-            raise ValueError(f"{name}: mode={mode!r}; choose one of {MODES}.")
-        if inference not in INFERENCES:
-            raise ValueError(f"{name}: inference={inference!r}; choose one of {INFERENCES}.")
+        mode = choice("boltzmann.mode", mode, where=f"{name}: mode")
+        inference = choice("boltzmann.inference", inference, where=f"{name}: inference")
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"{name}: max_len={max_len!r} must be a positive int (the "
                              "longest key sequence; J has shape (H, max_len, max_len)).")
-        uses_h, uses_J, uses_K = _uses(mode)
-        # modes softmax, h and J have closed forms: no inference, so no length limits
-        if uses_K or (uses_h and uses_J):
-            if inference == "exact" and max_len > ising.MAX_BOLTZMANN_T:
-                raise ValueError(
-                    f"{name}: exact inference enumerates 2^T configurations and is limited to "
-                    f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use "
-                    "inference='mean_field', 'tap', 'gibbs' or 'parallel_tempering'.")
-            if inference == "dqa" and max_len > samplers.MAX_DQA:
-                raise ValueError(
-                    f"{name}: simulated DQA holds a 2^T state vector and is limited to "
-                    f"max_len <= {samplers.MAX_DQA}, got {max_len}; use 'gibbs' or "
-                    "'parallel_tempering' for longer sequences.")
-            if inference == "tap" and uses_K:
-                raise ValueError(
-                    f"{name}: TAP equations are implemented for pairwise couplings only; "
-                    f"mode={mode!r} has three-body K. Use inference='mean_field', 'exact' or a "
-                    "sampler.")
         for what, v, lo in (("num_samples", num_samples, 1), ("burn_in", burn_in, 0),
                             ("dqa_steps", dqa_steps, 1)):
-            if not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name}: {what}={v!r} must be an int >= {lo}.")
-        betas = tuple(float(b) for b in betas)
-        if inference == "parallel_tempering" and (len(betas) < 2 or betas[0] != 1.0):
-            raise ValueError(f"{name}: betas={betas} must hold >= 2 inverse temperatures "
-                             "starting with the target 1.0, e.g. (1.0, 0.7, 0.5, 0.3).")
+            if v is not None:
+                _check_int(name, what, v, lo)
+        inference = inference.configured(
+            num_samples=num_samples, burn_in=burn_in,
+            betas=None if betas is None else tuple(float(b) for b in betas),
+            dqa_steps=dqa_steps, dqa_time=dqa_time, dqa_gamma=dqa_gamma)
+        # its settings, and its length limits (none in modes softmax, h and J: closed forms)
+        inference.check(name, mode, max_len)
         if init_scale < 0:
             raise ValueError(f"{name}: init_scale={init_scale} must be >= 0.")
         kq, kk, kv, ko, kj, kK = jax.random.split(key, 6)
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(dim, use_bias, kq, kk, kv, ko)
         L, H = max_len, num_heads
         self.J = (ising.symmetrize(init_scale * jax.random.normal(kj, (H, L, L)))
-                  if uses_J else None)
-        self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if uses_K else None
+                  if mode.uses_J else None)
+        self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if mode.uses_K else None
         # the adjoint records its backward solves (see solvers.record_backward)
         self.solver, self.throw = solver, throw
         self.adjoint = solvers.record_backward(adjoint)
         self.dim, self.num_heads, self.causal, self.max_len = dim, num_heads, causal, max_len
         self.mode, self.inference = mode, inference
-        self.num_samples, self.burn_in, self.betas = num_samples, burn_in, betas
-        self.dqa_steps, self.dqa_time, self.dqa_gamma = dqa_steps, float(dqa_time), float(
-            dqa_gamma)
 
     @property
     def head_dim(self) -> int:
@@ -258,7 +574,7 @@ class BoltzmannAttention(eqx.Module):
     def _fields_and_mask(self, x, context, mask):
         h, allowed = qk_scores("BoltzmannAttention", self.to_q, self.to_k, x, context, mask,
                                num_heads=self.num_heads, causal=self.causal)
-        return (h if _uses(self.mode)[0] else jnp.zeros_like(h)), allowed
+        return self.mode.fields(h), allowed
 
     def couplings(self, s: int, dtype=jnp.float32):
         """The couplings used for `s` key positions: `J (H, s, s)` (symmetric, zero diagonal)
@@ -294,17 +610,13 @@ class BoltzmannAttention(eqx.Module):
         del state
         h, allowed = self._fields_and_mask(x, context, mask)
         self_causal = self.causal and context is None
-        stats = None
-        if self.mode == "softmax":
-            weights = masked_softmax(h, allowed)
-            m = 2.0 * weights - 1.0
-        else:
+
+        def magnetizations():
             if mask is None:  # the structured patterns exact inference exploits
-                m, stats = self.magnetizations(h, None, causal=self_causal, key=key)
-            else:
-                m, stats = self.magnetizations(h, allowed, key=key)
-            vis = 1.0 if allowed is None else allowed.astype(h.dtype)
-            weights = normalized_weights(m, vis)
+                return self.magnetizations(h, None, causal=self_causal, key=key)
+            return self.magnetizations(h, allowed, key=key)
+
+        weights, m, stats = self.mode.attend(h, allowed, magnetizations)
         v_HxSxK = project_heads(self.to_v, x if context is None else context, self.num_heads)
         out = jax.vmap(self.to_out)(mix_values(weights, v_HxSxK))
         if return_diagnostics:
@@ -333,12 +645,10 @@ class BoltzmannAttention(eqx.Module):
         distribution, other samples)."""
         scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
         v = cache["v"].at[:, pos].set(self.to_v(x).reshape(self.num_heads, -1))
-        if self.mode == "softmax":
-            weights = masked_softmax(scores[:, None], visible[None])[:, 0]
-        else:
-            h = scores if _uses(self.mode)[0] else jnp.zeros_like(scores)
-            m, _ = self.magnetizations(h[:, None], visible[None])
-            weights = normalized_weights(m[:, 0], visible.astype(h.dtype))
+        h = self.mode.fields(scores)[:, None]  # (H, 1, s)
+        weights, _, _ = self.mode.attend(h, visible[None],
+                                         lambda: self.magnetizations(h, visible[None]))
+        weights = weights[:, 0]
         out = self.to_out(jnp.einsum("hs,hsk->hk", weights, v).reshape(-1))
         return out, {**cache, "v": v}
 
@@ -365,7 +675,6 @@ class BoltzmannAttention(eqx.Module):
         `(H, n)` for `mean_field`/`tap` (None for the other inferences).
         """
         H, n, s = h.shape
-        uses_h, uses_J, uses_K = _uses(self.mode)
         structured = visible is None  # all visible, or causal: one shared enumeration
         if visible is None and causal:
             if n != s:
@@ -374,26 +683,21 @@ class BoltzmannAttention(eqx.Module):
             visible = jnp.tril(jnp.ones((n, s), bool))
         vis = None if visible is None else visible.astype(h.dtype)
         J, K = self.couplings(s, h.dtype)
-        if not uses_J and not uses_K:  # sigmoid attention: independent spins
-            m = jnp.tanh(h)
-            return (m if vis is None else m * vis), self._no_stats(H, n, h.dtype)
-        if not uses_h and not uses_K:
-            # h = 0 and pairwise J only: E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J
-            return jnp.zeros_like(h), self._no_stats(H, n, h.dtype)
+        # sigmoid attention (independent spins) and mode J (⟨s⟩ = 0 by symmetry)
+        m = self.mode.closed_form(h, vis)
+        if m is not None:
+            return m, self.inference.no_stats(H, n, h.dtype)
         Jz = jnp.zeros((H, s, s), h.dtype) if J is None else J
-        if self.inference == "exact" and structured:
-            # shared enumeration over all queries (prefix blocks when causal)
-            def one_head(hh, jj, kk):
-                return ising.boltzmann_marginals(hh, jj, causal=causal, K=kk)
-
-            if K is None:
-                m = jax.vmap(lambda hh, jj: one_head(hh, jj, None))(h, Jz)
-            else:
-                m = jax.vmap(one_head)(h, Jz, K)
-            return m, self._no_stats(H, n, h.dtype)
+        if structured:
+            m = self.inference.structured(h, Jz, K, causal=causal)
+            if m is not None:
+                return m, self.inference.no_stats(H, n, h.dtype)
         if vis is None:
             vis = jnp.ones((n, s), h.dtype)
-        per_query = self._per_query(self.inference)
+
+        def per_query(hq, Jq, Kq, key):
+            return self.inference.query(self, hq, Jq, Kq, key)
+
         # per-query systems: hidden positions get no field and no couplings (free spins
         # with magnetization 0 that do not affect the visible ones)
         hv = h * vis
@@ -409,49 +713,7 @@ class BoltzmannAttention(eqx.Module):
             m, stats = jax.vmap(jax.vmap(per_query))(hv, Jq, Kq, keys)
         return m * vis, stats
 
-    def _no_stats(self, H, n, dtype):
-        """Solver statistics of a call that ran no solver (the same structure as one that
-        did)."""
-        if self.inference in ("mean_field", "tap"):
-            return Stats.none((H, n), dtype)
-        return None
-
     def _keys(self, key, H, n):
         if key is None:
             key = jax.random.key(0)
         return jax.random.split(key, H * n).reshape(H, n)
-
-    def _per_query(self, inf):
-        """`f(h (s,), J (s, s), K (s, s, s) | None, key) -> (m (s,), stats)` for one query."""
-        if inf == "exact":
-            def f(h, J, K, key):
-                return ising.exact_marginals(h, J, K=K), None
-        elif inf in ("mean_field", "tap"):
-            f = self._mean_field
-        else:
-            f = self._sampled
-        return f
-
-    def _mean_field(self, h, J, K, key):
-        del key
-        kw = dict(solver=self.solver, adjoint=self.adjoint, throw=self.throw)
-        if self.inference == "tap":  # pairwise only (checked at construction)
-            sol = ising.tap(h, J, **kw)
-        else:
-            sol = ising.mean_field(h, J, K=K, **kw)
-        return sol.value, Stats.of(sol)
-
-    def _sampled(self, h, J, K, key):
-        inf = self.inference
-        if inf == "gibbs":
-            S = samplers.gibbs(h, J, key=key, num_samples=self.num_samples,
-                               burn_in=self.burn_in, K=K)
-        elif inf == "parallel_tempering":
-            S = samplers.parallel_tempering(h, J, key=key, betas=jnp.asarray(self.betas),
-                                            num_samples=self.num_samples,
-                                            burn_in=self.burn_in, K=K)
-        else:
-            S = samplers.dqa(h, J, key=key, num_samples=self.num_samples,
-                             steps=self.dqa_steps, total_time=self.dqa_time,
-                             gamma=self.dqa_gamma, K=K)
-        return samplers.straight_through_mean_field(jnp.mean(S, axis=0), h, J, K=K), None

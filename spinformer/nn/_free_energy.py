@@ -6,10 +6,11 @@ Per head, the n tokens are the external fields of n vector spins on spheres, cou
 scalar coupling matrix J (symmetric, zero diagonal): explicit parameters (the post's default,
 initialised N(0, 1/(n D_h)) in standard deviation — the post's "N(0, 1/√(ND))" read as the
 scale 1/√N · 1/√D its text explains) or input-dependent couplings
-J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) (the post's example, symmetrised). The fields are
-h_i = LayerNorm(x_i)/√D_h (|h_i| ≈ 1, the post's normalisation); the output is the unit-spin
-magnetizations ⟨σ_i⟩/√D_h = β⁻¹ ∂ ln Z/∂h_i of the steepest-descent (large-D) partition
-function, found at the saddle t* of φ(t) (`spinformer.spins.free_energy`), heads
+J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) (the post's example, symmetrised): the option
+`couplings`, `ExplicitSpinCouplings` (`"explicit"`) or `InputCouplings` (`"input"`). The
+fields are h_i = LayerNorm(x_i)/√D_h (|h_i| ≈ 1, the post's normalisation); the output is the
+unit-spin magnetizations ⟨σ_i⟩/√D_h = β⁻¹ ∂ ln Z/∂h_i of the steepest-descent (large-D)
+partition function, found at the saddle t* of φ(t) (`spinformer.spins.free_energy`), heads
 concatenated, then an optional output map.
 
 With fixed J the output is ½ Σ_j [(diag(t*) − J)⁻¹]_ij h_j: a symmetric, input-dependent
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import equinox as eqx
 import jax
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
@@ -41,7 +43,91 @@ from ._heads import check_heads, merge_heads, split_heads
 from ._masks import combine_masks
 from ._registry import register_attention
 
-_COUPLINGS = ("explicit", "input")
+
+
+class FreeEnergyCouplings(Choice):
+    """Where free-energy attention's coupling matrices J come from (the option `couplings`,
+    kind `"free_energy.couplings"`): `ExplicitSpinCouplings` (`"explicit"`) or
+    `InputCouplings` (`"input"`)."""
+
+    def parameters(self, keys: Sequence[PRNGKeyArray], *, num_heads: int, head_dim: int,
+                   spins: int) -> tuple:
+        """The module's coupling parameters `(J, Q, K)`, None where unused, from the PRNG
+        keys `keys = (kj, kq, kk)`."""
+        raise NotImplementedError
+
+    def matrices(self, attn: "FreeEnergyAttention", h: Float[Array, "h n dh"]
+                 ) -> Float[Array, "h n n"]:
+        """The coupling matrices `(H, n, n)` (symmetric, zero diagonal) for the fields `h`,
+        before the mask."""
+        raise NotImplementedError
+
+    def magnetizations(self, attn: "FreeEnergyAttention", h: Float[Array, "h n dh"],
+                       mask: Optional[Bool[Array, "n n"]]) -> tuple:
+        """Every head's saddle: `(m (H, n, dh), stats, J (H, n, n))`, J the couplings the
+        diagnostics report."""
+        raise NotImplementedError
+
+
+@register_choice("free_energy.couplings", "explicit")
+@dataclasses.dataclass(frozen=True)
+class ExplicitSpinCouplings(FreeEnergyCouplings):
+    """Learned symmetric couplings J with zero diagonal (a fixed number of spins `max_len`),
+    entries initialised N(0, 1/(n D_h))."""
+
+    def parameters(self, keys, *, num_heads, head_dim, spins):
+        n = spins
+        A = jax.random.normal(keys[0], (num_heads, n, n)) / math.sqrt(n * head_dim)
+        # symmetric with the same entry scale, zero diagonal
+        return (A + jnp.swapaxes(A, 1, 2)) / math.sqrt(2) * (1 - jnp.eye(n)), None, None
+
+    def matrices(self, attn, h):
+        n = h.shape[1]
+        if n > attn.J.shape[1]:
+            raise ValueError(
+                f"FreeEnergyAttention: {n} tokens but the explicit couplings have "
+                f"{attn.J.shape[1]} spins; build the module with max_len >= {n}.")
+        J = attn.J[:, :n, :n]
+        return 0.5 * (J + jnp.swapaxes(J, 1, 2)) * (1 - jnp.eye(n, dtype=J.dtype))
+
+    def magnetizations(self, attn, h, mask):
+        J = attn.couplings(h, mask)
+        m, stats, _ = jax.vmap(lambda hh, jj: attn._one_head(hh, jj))(h, J)
+        return m, stats, J
+
+
+@register_choice("free_energy.couplings", "input")
+@dataclasses.dataclass(frozen=True)
+class InputCouplings(FreeEnergyCouplings):
+    """Couplings from the fields, J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D)
+    (`spins.free_energy.tanh_couplings`) with learned D_h × D_h maps Q, K per head; the
+    saddle's derivative runs through them."""
+
+    def parameters(self, keys, *, num_heads, head_dim, spins):
+        _, kq, kk = keys
+        Q = jax.random.normal(kq, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
+        K = jax.random.normal(kk, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
+        return None, Q, K
+
+    def matrices(self, attn, h):
+        return jax.vmap(fe.tanh_couplings)(h, attn.Q, attn.K)
+
+    def magnetizations(self, attn, h, mask):
+        J = jax.lax.stop_gradient(attn.couplings(h, mask))
+
+        def one_head(hh, Q, K):
+            def coupling_fn(x):
+                Jx = fe.tanh_couplings(x, Q, K)
+                allowed = combine_masks(x.shape[0], x.shape[0], attn.causal, mask)
+                if allowed is not None:
+                    Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
+                return Jx
+
+            return attn._one_head(hh, coupling_fn)
+
+        m, stats, _ = jax.vmap(one_head)(h, attn.Q, attn.K)
+        return m, stats, J
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +136,7 @@ class FreeEnergyConfig:
 
     couplings: str = option("explicit", "explicit: learned symmetric J with zero diagonal (needs "
                             "a fixed number of tokens); input: J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))"
-                            "/√(nD) from the fields", _COUPLINGS)
+                            "/√(nD) from the fields", kind="free_energy.couplings")
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     solver: solvers.SolverOptions = option(
@@ -88,7 +174,9 @@ class FreeEnergyAttention(eqx.Module):
       later tokens. Use it in non-causal models (classifiers, encoders).
     - `max_len`: the number of spins of explicit couplings (inputs may have n ≤ max_len
       tokens: the first n are used).
-    - `couplings`: `"explicit"` or `"input"`; `beta`: inverse temperature.
+    - `couplings`: a `FreeEnergyCouplings` object or its name: `ExplicitSpinCouplings()`
+      (`"explicit"`) or `InputCouplings()` (`"input"`); kept as the object in the field
+      `couplings_kind`. `beta`: inverse temperature.
     - `output_proj`: a learned D × D map on the concatenated magnetizations.
     - `solver`: the saddle's root finder (default `spins.free_energy.SaddleNewton(tol=1e-5,
       max_steps=50)`); `adjoint` (default `spins.free_energy.SaddleImplicit()`, the
@@ -107,12 +195,13 @@ class FreeEnergyAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
+    couplings_kind: FreeEnergyCouplings = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: str = _DEFAULTS.couplings,
+        couplings: FreeEnergyCouplings | str = _DEFAULTS.couplings,
         beta: float = _DEFAULTS.beta,
         output_proj: bool = _DEFAULTS.output_proj,
         solver: solvers.AbstractRootFinder = _DEFAULTS.solver.build(root=True),
@@ -127,27 +216,20 @@ class FreeEnergyAttention(eqx.Module):
                 "are symmetric and each magnetization depends on every field through the "
                 "saddle, so later tokens would leak into earlier outputs. Use it in a "
                 "non-causal model (a classifier or encoder).")
-        if couplings not in _COUPLINGS:
-            raise ValueError(f"FreeEnergyAttention: couplings={couplings!r}; choose one of "
-                             f"{_COUPLINGS}.")
+        couplings = choice("free_energy.couplings", couplings,
+                           where="FreeEnergyAttention: couplings")
         if not beta > 0:
             raise ValueError(f"FreeEnergyAttention: beta={beta} must be > 0.")
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, ko = jax.random.split(key, 4)
-        if couplings == "explicit":
-            A = jax.random.normal(kj, (H, n, n)) / math.sqrt(n * dh)
-            # symmetric with the same entry scale, zero diagonal
-            self.J = (A + jnp.swapaxes(A, 1, 2)) / math.sqrt(2) * (1 - jnp.eye(n))
-            self.Q = self.K = None
-        else:
-            self.J = None
-            self.Q = jax.random.normal(kq, (H, dh, dh)) / math.sqrt(dh)
-            self.K = jax.random.normal(kk, (H, dh, dh)) / math.sqrt(dh)
+        self.J, self.Q, self.K = couplings.parameters((kj, kq, kk), num_heads=H,
+                                                      head_dim=dh, spins=n)
         self.norm = eqx.nn.LayerNorm(dim)
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.beta = float(beta)
         self.solver, self.adjoint = solver, adjoint
         self.dim, self.num_heads, self.causal, self.throw = dim, num_heads, causal, throw
+        self.couplings_kind = couplings
 
     def fields(self, x: Float[Array, "n d"]) -> Float[Array, "h n dh"]:
         """Per-head normalised fields h_i = LayerNorm(x_i)/√D_h, `(H, n, D_h)`."""
@@ -158,38 +240,19 @@ class FreeEnergyAttention(eqx.Module):
                   mask: Optional[Bool[Array, "n n"]] = None) -> Float[Array, "h n n"]:
         """The coupling matrices J `(H, n, n)` (symmetric, zero diagonal) for fields `h`."""
         n = h.shape[1]
-        if self.J is not None:
-            if n > self.J.shape[1]:
-                raise ValueError(
-                    f"FreeEnergyAttention: {n} tokens but the explicit couplings have "
-                    f"{self.J.shape[1]} spins; build the module with max_len >= {n}.")
-            J = self.J[:, :n, :n]
-            J = 0.5 * (J + jnp.swapaxes(J, 1, 2)) * (1 - jnp.eye(n, dtype=J.dtype))
-        else:
-            J = jax.vmap(fe.tanh_couplings)(h, self.Q, self.K)
+        J = self.couplings_kind.matrices(self, h)
         allowed = combine_masks(n, n, self.causal, mask)
         if allowed is not None:
             keep = (allowed & allowed.T).astype(J.dtype)  # keep J symmetric
             J = J * keep
         return J
 
-    def _one_head(self, h, J, Q, K, mask):
+    def _one_head(self, h, J):
+        """One head's saddle and magnetizations; `J` the coupling matrix, or a function of
+        the fields that returns it (the derivative then runs through the couplings)."""
         kw = dict(beta=self.beta, normalized=True)
-        if Q is None:
-            sol = fe.saddle(h, J, solver=self.solver, adjoint=self.adjoint, throw=self.throw,
-                            **kw)
-            m = fe.magnetizations(h, J, saddle=sol, **kw)
-        else:
-            def coupling_fn(hh):
-                Jx = fe.tanh_couplings(hh, Q, K)
-                allowed = combine_masks(hh.shape[0], hh.shape[0], self.causal, mask)
-                if allowed is not None:
-                    Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
-                return Jx
-
-            sol = fe.saddle(h, coupling_fn, solver=self.solver, adjoint=self.adjoint,
-                            throw=self.throw, **kw)
-            m = fe.magnetizations(h, coupling_fn, saddle=sol, **kw)
+        sol = fe.saddle(h, J, solver=self.solver, adjoint=self.adjoint, throw=self.throw, **kw)
+        m = fe.magnetizations(h, J, saddle=sol, **kw)
         ok = sol.result == solvers.RESULTS.successful
         # a failed saddle gives zeros with no gradient (and is counted in the diagnostics)
         m = jnp.where(ok, m, jax.lax.stop_gradient(jnp.zeros_like(m)))
@@ -219,13 +282,7 @@ class FreeEnergyAttention(eqx.Module):
             raise ValueError(f"FreeEnergyAttention: x must have shape (n, {self.dim}); got "
                              f"{x.shape}. Use jax.vmap(module)(x) for a batch.")
         h = self.fields(x)
-        if self.J is not None:
-            J = self.couplings(h, mask)
-            m, stats, _ = jax.vmap(lambda hh, jj: self._one_head(hh, jj, None, None, mask))(h, J)
-        else:
-            J = jax.lax.stop_gradient(self.couplings(h, mask))
-            m, stats, _ = jax.vmap(lambda hh, q, k: self._one_head(hh, None, q, k, mask))(
-                h, self.Q, self.K)
+        m, stats, J = self.couplings_kind.magnetizations(self, h, mask)
         out = merge_heads(m)
         y = jax.vmap(self.out_proj)(out) if self.out_proj is not None else out
         if return_diagnostics:

@@ -10,18 +10,20 @@ is the spins' mean-field magnetizations, the solution of
 
 with d × d coupling blocks J_ij (zero block diagonal) and a self-correction f:
 
-- `onsager="mlp"`: f_θ is a small MLP, trained with the couplings (the post's "neural
-  Onsager term");
-- `onsager="adaptive_tap"`: the explicit adaptive-TAP correction of Opper and Winther with a
-  Gaussian N(0, I) prior per site (`spinformer.spins.adaptive_tap`): cavity variances V_i
-  solved self-consistently, ⟨S_i⟩ = (I − V_i)⁻¹(Σ_j J_ij⟨S_j⟩ − V_i⟨S_i⟩ + X_i). Cost
-  O((N d)³) per call (the post's "slow and explicit" equations);
-- `onsager="none"`: naive mean field, ⟨S_i⟩ = Σ_j J_ij⟨S_j⟩ + X_i.
+- `onsager="mlp"` (`MLPOnsager`): f_θ is a small MLP, trained with the couplings (the post's
+  "neural Onsager term");
+- `onsager="adaptive_tap"` (`AdaptiveTAPOnsager`): the explicit adaptive-TAP correction of
+  Opper and Winther with a Gaussian N(0, I) prior per site (`spinformer.spins.adaptive_tap`):
+  cavity variances V_i solved self-consistently, ⟨S_i⟩ = (I − V_i)⁻¹(Σ_j J_ij⟨S_j⟩ − V_i⟨S_i⟩
+  + X_i). Cost O((N d)³) per call (the post's "slow and explicit" equations);
+- `onsager="none"` (`NaiveOnsager`): naive mean field, ⟨S_i⟩ = Σ_j J_ij⟨S_j⟩ + X_i.
 
-Couplings are either explicit parameters J (`couplings="explicit"`: one d × d block per
-ordered pair of sites, initialised N(0, 1/(N d²)) as in the post, optionally symmetric in the
-sites and/or the internal dimension), or amortised from the input as in a transformer
-(`couplings="softmax"`: J_ij = softmax_j(q_i·k_j/√d) W with a learned d × d block W).
+Couplings are either explicit parameters J (`couplings="explicit"`, `ExplicitSiteCouplings`:
+one d × d block per ordered pair of sites, initialised N(0, 1/(N d²)) as in the post,
+optionally symmetric in the sites and/or the internal dimension), or amortised from the input
+as in a transformer (`couplings="softmax"`, `SoftmaxCouplings`: J_ij = softmax_j(q_i·k_j/√d) W
+with a learned d × d block W). Both options are objects (`spinformer._choices`); the
+constructor also takes their names, as the config does.
 With H heads the internal dimension is cut into H blocks: the couplings are block-diagonal.
 
 The fixed point is found by Anderson acceleration (at most 40 steps, tolerance 1e-4 on the
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import equinox as eqx
 import jax
@@ -48,16 +50,146 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._masks import combine_masks
 from ._registry import register_attention
 
-_COUPLINGS = ("explicit", "softmax")
-_ONSAGER = ("mlp", "adaptive_tap", "none")
 # The key of the spectral-radius estimate (a diagnostic: the same start vector every call).
 _SPECTRAL_KEY = 20211
+
+
+# -- the options: how the couplings are made, and the self-correction ------------------------
+
+class ImplicitCouplings(Choice):
+    """How Deep Implicit Attention gets its couplings J_ij (the option `couplings`, kind
+    `"implicit.couplings"`): `ExplicitSiteCouplings` (`"explicit"`) or `SoftmaxCouplings`
+    (`"softmax"`)."""
+
+    def parameters(self, keys: Sequence[PRNGKeyArray], *, num_heads: int, head_dim: int,
+                   sites: int, dim: int) -> tuple:
+        """The module's coupling parameters `(J, to_q, to_k, W)`, None where unused, from the
+        four PRNG keys `keys`."""
+        raise NotImplementedError
+
+    def blocks(self, attn: "ImplicitAttention", x: Float[Array, "n d"],
+               mask: Optional[Bool[Array, "n n"]]) -> Float[Array, "h n n dh dh"]:
+        """The coupling tensor of input `x`, zero on the block diagonal, before the (causal)
+        mask is applied."""
+        raise NotImplementedError
+
+
+@register_choice("implicit.couplings", "explicit")
+@dataclasses.dataclass(frozen=True)
+class ExplicitSiteCouplings(ImplicitCouplings):
+    """Learned d × d blocks J_ij per ordered pair of sites (a fixed number of sites
+    `max_len`), initialised N(0, 1/(N d²)), symmetrised as the module's `sym_sites`,
+    `sym_internal` say."""
+
+    def parameters(self, keys, *, num_heads, head_dim, sites, dim):
+        # variance 1/(N d²) as in the post, so that Σ_j J_ij m_j stays O(|m|)
+        J = (jax.random.normal(keys[0], (num_heads, sites, sites, head_dim, head_dim))
+             / math.sqrt(sites * head_dim * head_dim))
+        return J, None, None, None
+
+    def blocks(self, attn, x, mask):
+        n = x.shape[0]
+        if n > attn.J.shape[1]:
+            raise ValueError(
+                f"ImplicitAttention: {n} tokens but the explicit couplings have "
+                f"{attn.J.shape[1]} sites; build the module with max_len >= {n}.")
+        return symmetrize_blocks(attn.J[:, :n, :n], sites=attn.sym_sites,
+                                 internal=attn.sym_internal)
+
+
+@register_choice("implicit.couplings", "softmax")
+@dataclasses.dataclass(frozen=True)
+class SoftmaxCouplings(ImplicitCouplings):
+    """Couplings amortised from the input: J_ij = softmax_j(q_i·k_j/√d) W, with learned
+    query/key maps and a learned d × d block W per head."""
+
+    def parameters(self, keys, *, num_heads, head_dim, sites, dim):
+        _, kq, kk, kw = keys
+        to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
+        to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)
+        # spectral norm of W about 1/2: the row-stochastic couplings then contract
+        W = 0.25 * jax.random.normal(kw, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
+        return None, to_q, to_k, W
+
+    def blocks(self, attn, x, mask):
+        n = x.shape[0]
+        A = attn._softmax_weights(x, mask)
+        J = A[:, :, :, None, None] * attn.W[:, None, None]
+        return J * (1.0 - jnp.eye(n, dtype=J.dtype))[None, :, :, None, None]
+
+
+class OnsagerTerm(Choice):
+    """The self-correction f(⟨S_i⟩) of the mean-field update (the option `onsager`, kind
+    `"implicit.onsager"`): `MLPOnsager` (`"mlp"`), `AdaptiveTAPOnsager` (`"adaptive_tap"`) or
+    `NaiveOnsager` (`"none"`)."""
+
+    def network(self, dim: int, hidden: int, *, key: PRNGKeyArray) -> Optional[eqx.nn.MLP]:
+        """The learned correction's network (None: nothing is learned)."""
+        return None
+
+    def cavity(self, attn: "ImplicitAttention", J: Float[Array, "h n n dh dh"]
+               ) -> Optional[Float[Array, "h n dh dh"]]:
+        """What the correction needs of the couplings (the cavity variances), or None."""
+        return None
+
+    def correct(self, attn: "ImplicitAttention", m: Float[Array, "n d"],
+                field: Float[Array, "n d"], V) -> Float[Array, "n d"]:
+        """The update F(m) from the mean field `field` = Σ_j J_ij m_j + X_i."""
+        raise NotImplementedError
+
+
+@register_choice("implicit.onsager", "mlp")
+@dataclasses.dataclass(frozen=True)
+class MLPOnsager(OnsagerTerm):
+    """f_θ a small MLP (one hidden layer, GELU), trained with the couplings; its last layer
+    starts at zero, so training starts from naive mean field."""
+
+    def network(self, dim, hidden, *, key):
+        mlp = eqx.nn.MLP(dim, dim, hidden, depth=1, activation=jax.nn.gelu, key=key)
+        # the last layer starts at zero: training starts from naive mean field, whose map
+        # m -> Jm + X contracts at the initial coupling scale
+        last = mlp.layers[-1]
+        return eqx.tree_at(lambda t: (t.layers[-1].weight, t.layers[-1].bias), mlp,
+                           (jnp.zeros_like(last.weight), jnp.zeros_like(last.bias)))
+
+    def correct(self, attn, m, field, V):
+        return field - jax.vmap(attn.onsager_mlp)(m)
+
+
+@register_choice("implicit.onsager", "adaptive_tap")
+@dataclasses.dataclass(frozen=True)
+class AdaptiveTAPOnsager(OnsagerTerm):
+    """The adaptive-TAP correction with a Gaussian N(0, I) prior per site: cavity variances
+    V_i (`ImplicitAttention.cavity_variances`), ⟨S_i⟩ = (I − V_i)⁻¹(Σ_j J_ij⟨S_j⟩ − V_i⟨S_i⟩
+    + X_i)."""
+
+    def cavity(self, attn, J):
+        return attn.cavity_variances(J)
+
+    def correct(self, attn, m, field, V):
+        n, H, dh = m.shape[0], attn.num_heads, attn.head_dim
+        mh = m.reshape(n, H, dh)
+        a = field.reshape(n, H, dh) - jnp.einsum("hiab,ihb->iha", V, mh)
+        # ⟨S_i⟩ = (I − V_i)⁻¹ (a_i + X_i) under the N(0, I) prior
+        eye = jnp.eye(dh, dtype=m.dtype)
+        out = jnp.linalg.solve(eye - V, jnp.swapaxes(a, 0, 1)[..., None])[..., 0]
+        return jnp.swapaxes(out, 0, 1).reshape(n, attn.dim)
+
+
+@register_choice("implicit.onsager", "none")
+@dataclasses.dataclass(frozen=True)
+class NaiveOnsager(OnsagerTerm):
+    """No correction: naive mean field, ⟨S_i⟩ = Σ_j J_ij⟨S_j⟩ + X_i."""
+
+    def correct(self, attn, m, field, V):
+        return field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +198,10 @@ class ImplicitConfig:
 
     couplings: str = option("explicit", "explicit: learned d×d blocks J_ij per pair of sites "
                             "(needs a fixed number of sites); softmax: J_ij = softmax(q·k) W "
-                            "amortised from the input", _COUPLINGS)
+                            "amortised from the input", kind="implicit.couplings")
     onsager: str = option("mlp", "self-correction f(⟨S_i⟩): mlp (learned), adaptive_tap "
                           "(explicit cavity variances, Gaussian prior) or none (naive mean "
-                          "field)", _ONSAGER)
+                          "field)", kind="implicit.onsager")
     onsager_hidden: int = option(0, "hidden width of the Onsager MLP (0: 2·d)")
     sym_sites: bool = option(False, "explicit couplings: J_ji = J_ijᵀ (symmetric in sites)")
     sym_internal: bool = option(True, "explicit couplings: J_ij = J_ijᵀ (symmetric in the "
@@ -124,9 +256,12 @@ class ImplicitAttention(eqx.Module):
     - `causal`: spin i feels only spins j ≤ i.
     - `max_len`: the number of sites N of explicit couplings (inputs may have n ≤ N tokens:
       the first n sites are used).
-    - `couplings`: `"explicit"` or `"softmax"` (see the module docstring).
-    - `onsager`: `"mlp"`, `"adaptive_tap"` or `"none"`; `onsager_hidden`: the MLP's hidden
-      width (0: 2d).
+    - `couplings`: an `ImplicitCouplings` object or its name: `ExplicitSiteCouplings()`
+      (`"explicit"`) or `SoftmaxCouplings()` (`"softmax"`), see the module docstring; kept
+      as the object in the field `couplings_kind`.
+    - `onsager`: an `OnsagerTerm` object or its name: `MLPOnsager()` (`"mlp"`),
+      `AdaptiveTAPOnsager()` (`"adaptive_tap"`) or `NaiveOnsager()` (`"none"`);
+      `onsager_hidden`: the MLP's hidden width (0: 2d).
     - `sym_sites`, `sym_internal`: symmetries of explicit couplings.
     - `normalize_input`: fields X = LayerNorm(x)/√d.
     - `output_proj`: a learned d × d map on the magnetizations.
@@ -150,8 +285,8 @@ class ImplicitAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    couplings_kind: str = eqx.field(static=True)
-    onsager: str = eqx.field(static=True)
+    couplings_kind: ImplicitCouplings = eqx.field(static=True)
+    onsager: OnsagerTerm = eqx.field(static=True)
     sym_sites: bool = eqx.field(static=True)
     sym_internal: bool = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
@@ -161,8 +296,8 @@ class ImplicitAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: str = _DEFAULTS.couplings,
-        onsager: str = _DEFAULTS.onsager,
+        couplings: ImplicitCouplings | str = _DEFAULTS.couplings,
+        onsager: OnsagerTerm | str = _DEFAULTS.onsager,
         onsager_hidden: int = _DEFAULTS.onsager_hidden,
         sym_sites: bool = _DEFAULTS.sym_sites,
         sym_internal: bool = _DEFAULTS.sym_internal,
@@ -176,11 +311,8 @@ class ImplicitAttention(eqx.Module):
         key: PRNGKeyArray,
     ):
         check_heads("ImplicitAttention", dim, num_heads)
-        for name, value, allowed in (("couplings", couplings, _COUPLINGS),
-                                     ("onsager", onsager, _ONSAGER)):
-            if value not in allowed:
-                raise ValueError(f"ImplicitAttention: {name}={value!r}; choose one of "
-                                 f"{allowed}.")
+        couplings = choice("implicit.couplings", couplings, where="ImplicitAttention: couplings")
+        onsager = choice("implicit.onsager", onsager, where="ImplicitAttention: onsager")
         if max_len < 1:
             raise ValueError(f"ImplicitAttention: max_len={max_len} must be >= 1.")
         if jacobian_penalty < 0 or spectral_steps < 0 or onsager_hidden < 0:
@@ -188,27 +320,9 @@ class ImplicitAttention(eqx.Module):
                              "onsager_hidden must be >= 0.")
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, kw, km, ko = jax.random.split(key, 6)
-        if couplings == "explicit":
-            # variance 1/(N d²) as in the post, so that Σ_j J_ij m_j stays O(|m|)
-            self.J = jax.random.normal(kj, (H, n, n, dh, dh)) / math.sqrt(n * dh * dh)
-            self.to_q = self.to_k = self.W = None
-        else:
-            self.J = None
-            self.to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
-            self.to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)
-            # spectral norm of W about 1/2: the row-stochastic couplings then contract
-            self.W = 0.25 * jax.random.normal(kw, (H, dh, dh)) / math.sqrt(dh)
-        hidden = onsager_hidden or 2 * dim
-        if onsager == "mlp":
-            mlp = eqx.nn.MLP(dim, dim, hidden, depth=1, activation=jax.nn.gelu, key=km)
-            # the last layer starts at zero: training starts from naive mean field, whose map
-            # m -> Jm + X contracts at the initial coupling scale
-            last = mlp.layers[-1]
-            mlp = eqx.tree_at(lambda t: (t.layers[-1].weight, t.layers[-1].bias), mlp,
-                              (jnp.zeros_like(last.weight), jnp.zeros_like(last.bias)))
-            self.onsager_mlp = mlp
-        else:
-            self.onsager_mlp = None
+        self.J, self.to_q, self.to_k, self.W = couplings.parameters(
+            (kj, kq, kk, kw), num_heads=H, head_dim=dh, sites=n, dim=dim)
+        self.onsager_mlp = onsager.network(dim, onsager_hidden or 2 * dim, key=km)
         self.norm = eqx.nn.LayerNorm(dim) if normalize_input else None
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.solver = solver
@@ -231,17 +345,7 @@ class ImplicitAttention(eqx.Module):
         blocks of size `d/H × d/H`, zero on the block diagonal and wherever the (causal)
         mask forbids a coupling. Explicit couplings are symmetrised as configured."""
         n = x.shape[0]
-        if self.J is not None:
-            if n > self.J.shape[1]:
-                raise ValueError(
-                    f"ImplicitAttention: {n} tokens but the explicit couplings have "
-                    f"{self.J.shape[1]} sites; build the module with max_len >= {n}.")
-            J = symmetrize_blocks(self.J[:, :n, :n], sites=self.sym_sites,
-                                  internal=self.sym_internal)
-        else:
-            A = self._softmax_weights(x, mask)
-            J = A[:, :, :, None, None] * self.W[:, None, None]
-            J = J * (1.0 - jnp.eye(n, dtype=J.dtype))[None, :, :, None, None]
+        J = self.couplings_kind.blocks(self, x, mask)
         allowed = combine_masks(n, n, self.causal, mask)
         if allowed is not None:
             J = J * allowed[None, :, :, None, None].astype(J.dtype)
@@ -269,18 +373,7 @@ class ImplicitAttention(eqx.Module):
         adaptive-TAP form); `args = (X, J, V)` with V the cavity variances (adaptive TAP
         only)."""
         X, J, V = args
-        field = self._coupling_term(m, J) + X
-        if self.onsager == "mlp":
-            return field - jax.vmap(self.onsager_mlp)(m)
-        if self.onsager == "adaptive_tap":
-            n, H, dh = m.shape[0], self.num_heads, self.head_dim
-            mh = m.reshape(n, H, dh)
-            a = field.reshape(n, H, dh) - jnp.einsum("hiab,ihb->iha", V, mh)
-            # ⟨S_i⟩ = (I − V_i)⁻¹ (a_i + X_i) under the N(0, I) prior
-            eye = jnp.eye(dh, dtype=m.dtype)
-            out = jnp.linalg.solve(eye - V, jnp.swapaxes(a, 0, 1)[..., None])[..., 0]
-            return jnp.swapaxes(out, 0, 1).reshape(n, self.dim)
-        return field
+        return self.onsager.correct(self, m, self._coupling_term(m, J) + X, V)
 
     def cavity_variances(self, J: Float[Array, "h n n dh dh"]) -> Float[Array, "h n dh dh"]:
         """Adaptive-TAP cavity variances V_i of each head (Gaussian prior; they do not depend
@@ -296,7 +389,7 @@ class ImplicitAttention(eqx.Module):
         products."""
         J = self.coupling_blocks(x, mask)
         X = self.fields(x)
-        V = self.cavity_variances(J) if self.onsager == "adaptive_tap" else None
+        V = self.onsager.cavity(self, J)
         m = solvers.fixed_point(self.update, X, (X, J, V), solver=self.solver,
                                 adjoint=self.adjoint, throw=self.throw).value
         args = jax.lax.stop_gradient((X, J, V))
@@ -329,7 +422,7 @@ class ImplicitAttention(eqx.Module):
                              f"{x.shape}. Use jax.vmap(module)(x) for a batch.")
         J = self.coupling_blocks(x, mask)
         X = self.fields(x)
-        V = self.cavity_variances(J) if self.onsager == "adaptive_tap" else None
+        V = self.onsager.cavity(self, J)
         args = (X, J, V)
         sol = solvers.fixed_point(self.update, X, args, solver=self.solver,
                                   adjoint=self.adjoint, throw=self.throw)

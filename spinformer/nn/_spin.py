@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import ClassVar, Optional, Union
 
 import equinox as eqx
 import jax
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
+from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
 from ..spins import vector
 from ..spins._common import solve as _solve
@@ -38,13 +39,247 @@ from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk
                      split_heads)
 from ._registry import register_attention
 
-_UPDATES = ("mean_field", "tap")
 _RENAMED_UPDATES = {"naive": "mean_field"}
-_MODES = ("fixed_point", "steps")
-_INITS = ("reset", "learned", "carried")
-_OUTPUTS = ("magnetization", "response")
 # The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
 _MIN_HEAD_DIM = 3
+
+
+# -- the options of the spin layer, as objects (names in configs: see spinformer._choices) --
+
+
+def _failed(sol) -> Int[Array, ""]:
+    return (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
+
+
+class SpinUpdate(Choice):
+    """The mean-field equations of the vector-spin model (`update=`): `MeanFieldUpdate`
+    (`"mean_field"`, first order) or `TAPUpdate` (`"tap"`, with the Onsager/feed-forward
+    corrections). `solve` holds the solver keywords (`solver`, `adjoint`, `throw`)."""
+
+    def step(self, m_prev, x, J, *, beta, R, solve) -> tuple[Array, Stats]:
+        """One time step `m_t` `(n, D_h)` from `m_{t-1}`, and its solver `Stats`."""
+        raise NotImplementedError
+
+    def ness(self, x, J, *, beta, R, **solve):
+        """The steady state `m* = update(m*, m*)` as a `solvers.Solution`."""
+        raise NotImplementedError
+
+    def ness_map(self, m, x, J, *, beta, R):
+        """The steady-state map `m -> update(m, m)` whose fixed point `ness` solves."""
+        raise NotImplementedError
+
+    def row_field(self, m, M, x, J, *, beta, R):
+        """The field `(D_h,)` on one spin with magnetization `m (D_h,)`, field `x (D_h,)`
+        and couplings `J (L,)` to the magnetizations `M (L, D_h)` of the previous time step
+        (incremental decoding solves one position at a time)."""
+        raise NotImplementedError
+
+    def decode_step(self, x, J, M_prev, *, beta, R, solve):
+        """One time step of the newest position given every position's previous
+        magnetizations `M_prev (L, D_h)`: `(m (D_h,), failed)`."""
+        m0 = vector.magnetization(x + J @ M_prev, beta=beta, R=R)
+        sol = _solve(lambda m, a: vector.magnetization(self.row_field(m, *a, beta=beta, R=R),
+                                                       beta=beta, R=R),
+                     m0, (M_prev, x, J), **solve)
+        return sol.value, _failed(sol)
+
+
+@register_choice("spin.update", "mean_field")
+@dataclasses.dataclass(frozen=True)
+class MeanFieldUpdate(SpinUpdate):
+    """First-order mean field: `m_t = φ(x + J m_{t-1})` (no solve per time step)."""
+
+    def step(self, m_prev, x, J, *, beta, R, solve):
+        m = vector.mean_field_step(m_prev, x, J, beta=beta, R=R)
+        none = Stats.none((), m.dtype)
+        return m, Stats(none.num_steps + 1, none.residual, none.result)
+
+    def ness(self, x, J, *, beta, R, **solve):
+        return vector.mean_field_ness(x, J, beta=beta, R=R, **solve)
+
+    def ness_map(self, m, x, J, *, beta, R):
+        return vector.mean_field_step(m, x, J, beta=beta, R=R)
+
+    def row_field(self, m, M, x, J, *, beta, R):
+        del m
+        return x + J @ M
+
+    def decode_step(self, x, J, M_prev, *, beta, R, solve):
+        return vector.magnetization(x + J @ M_prev, beta=beta, R=R), jnp.zeros((), jnp.int32)
+
+
+@register_choice("spin.update", "tap")
+@dataclasses.dataclass(frozen=True)
+class TAPUpdate(SpinUpdate):
+    """Second-order (TAP) mean field: each time step is itself a fixed point in `m_t`,
+    solved with the layer's solver (`spins.vector.tap_step`)."""
+
+    def step(self, m_prev, x, J, *, beta, R, solve):
+        sol = vector.tap_step(m_prev, x, J, beta=beta, R=R, **solve)
+        return sol.value, Stats.of(sol)
+
+    def ness(self, x, J, *, beta, R, **solve):
+        return vector.tap_ness(x, J, beta=beta, R=R, **solve)
+
+    def ness_map(self, m, x, J, *, beta, R):
+        return vector.ness_update(m, x, J, beta=beta, R=R)
+
+    def row_field(self, m, M, x, J, *, beta, R):
+        return vector._tap_field(m[None], M, x[None], J[None], beta, R)[0]
+
+
+class SpinInit(Choice):
+    """The initial magnetizations of `mode="steps"` (`init=`): `Reset` (`"reset"`, the
+    decoupled magnetizations φ(x), fresh each call), `Learned` (`"learned"`, a trained
+    vector per head) or `Carried` (`"carried"`, the `state=` the caller passes)."""
+
+    #: the module holds a trained initial state `m_init (H, D_h)`
+    learned: ClassVar[bool] = False
+    #: the module starts from the caller's `state=` (streaming data carries it)
+    carried: ClassVar[bool] = False
+
+    def initial(self, attention, xh, state):
+        """`(H, n, D_h)` initial magnetizations for the gained fields `xh (H, n, D_h)`."""
+        del state
+        return vector.magnetization(xh, beta=attention.beta, R=attention.radius)
+
+    def decode_start(self, attention, xh):
+        """`(H, D_h)` initial magnetizations of one new position (fields `xh (H, D_h)`)."""
+        return vector.magnetization(xh, beta=attention.beta, R=attention.radius)
+
+
+@register_choice("spin.init", "reset")
+@dataclasses.dataclass(frozen=True)
+class Reset(SpinInit):
+    """Start each call from the decoupled magnetizations φ(x)."""
+
+
+@register_choice("spin.init", "learned")
+@dataclasses.dataclass(frozen=True)
+class Learned(SpinInit):
+    """Start from a trained per-head vector `m_init (H, D_h)`."""
+
+    learned: ClassVar[bool] = True
+
+    def initial(self, attention, xh, state):
+        h, n, dh = xh.shape
+        return jnp.broadcast_to(attention.m_init[:, None, :], (h, n, dh)).astype(xh.dtype)
+
+    def decode_start(self, attention, xh):
+        return attention.m_init.astype(xh.dtype)
+
+
+@register_choice("spin.init", "carried")
+@dataclasses.dataclass(frozen=True)
+class Carried(SpinInit):
+    """Start from the `state=` passed by the caller (e.g. the previous call's
+    `diagnostics.state`), or from φ(x) without one."""
+
+    carried: ClassVar[bool] = True
+
+    def initial(self, attention, xh, state):
+        if state is None:
+            return super().initial(attention, xh, state)
+        n = xh.shape[1]
+        if state.shape != (n, attention.dim):
+            raise ValueError(
+                f"SpinAttention: state must have shape ({n}, {attention.dim}) like x; got "
+                f"{state.shape}. Pass the previous call's diagnostics.state."
+            )
+        return split_heads(state, attention.num_heads)
+
+
+class SpinMode(Choice):
+    """The spin dynamics (`mode=`): `SteadyState` (`"fixed_point"`: the non-equilibrium
+    steady state, solved and differentiated by the layer's solver and adjoint) or
+    `TimeSteps` (`"steps"`: `num_steps` time steps from the `init` state)."""
+
+    #: the module's `init` and `num_steps` matter (time steps are taken)
+    steps: ClassVar[bool] = False
+
+    def run(self, attention, xh, J, state):
+        """The magnetizations `(H, n, D_h)`, those one step earlier (equal in a steady
+        state) and the per-head solver `Stats`."""
+        raise NotImplementedError
+
+    def cache_levels(self, attention) -> tuple[int, ...]:
+        """The leading axes of the decoding cache's magnetizations."""
+        raise NotImplementedError
+
+    def decode(self, attention, xh, J, M, pos):
+        """One new position's magnetizations `(H, D_h)` given the cache `M`: `(m, new M,
+        failed solves)`."""
+        raise NotImplementedError
+
+
+@register_choice("spin.mode", "fixed_point")
+@dataclasses.dataclass(frozen=True)
+class SteadyState(SpinMode):
+    """Solve for the steady state `m* = update(m*, m*)`, started at φ(x)."""
+
+    def run(self, attention, xh, J, state):
+        del state
+        m, stats = jax.vmap(attention._steady_state)(xh, J)
+        return m, m, stats
+
+    def cache_levels(self, attention):
+        return ()
+
+    def decode(self, attention, xh, J, M, pos):
+        m, failed = jax.vmap(lambda xx, jj, MM: attention._decode_ness(xx, jj, MM, pos))(
+            xh, J, M)
+        return m, M.at[:, pos].set(m), jnp.sum(failed)
+
+
+@register_choice("spin.mode", "steps")
+@dataclasses.dataclass(frozen=True)
+class TimeSteps(SpinMode):
+    """Take `num_steps` time steps of the update from the `init` state."""
+
+    steps: ClassVar[bool] = True
+
+    def run(self, attention, xh, J, state):
+        m0 = attention.init.initial(attention, xh, state)  # φ of the gained fields
+        return jax.vmap(lambda xx, jj, m0_: attention._time_steps(m0_, xx, jj))(xh, J, m0)
+
+    def cache_levels(self, attention):
+        return (attention.num_steps,)
+
+    def decode(self, attention, xh, J, M, pos):
+        m = attention.init.decode_start(attention, xh)
+        levels, failed = [], jnp.zeros((), jnp.int32)
+        for k in range(attention.num_steps):
+            M_prev = M[k].at[:, pos].set(m)  # time step k of positions <= pos
+            levels.append(M_prev)
+            m, f = jax.vmap(attention._decode_step)(xh, J, M_prev)
+            failed = failed + jnp.sum(f)
+        return m, jnp.stack(levels), failed
+
+
+class SpinOutput(Choice):
+    """What the layer returns (`output=`): `Magnetization` (`"magnetization"`, m) or
+    `Response` (`"response"`, m − φ(x), the part of m the couplings cause)."""
+
+    def of(self, m, xh, *, beta, R):
+        """The output from the magnetizations `m` and the gained fields `xh` (same shape)."""
+        del xh, beta, R
+        return m
+
+
+@register_choice("spin.output", "magnetization")
+@dataclasses.dataclass(frozen=True)
+class Magnetization(SpinOutput):
+    """Return the magnetizations m."""
+
+
+@register_choice("spin.output", "response")
+@dataclasses.dataclass(frozen=True)
+class Response(SpinOutput):
+    """Return m − φ(x); the block's residual already carries the input."""
+
+    def of(self, m, xh, *, beta, R):
+        return m - vector.magnetization(xh, beta=beta, R=R)
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +289,14 @@ class SpinConfig:
     beta: float = option(2.0, "inverse temperature β of the vector-spin model (2 trains "
                          "better than 1; see experiments/results/spin_lm)")
     update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
-                         "order, with Onsager/feed-forward corrections)", _UPDATES,
+                         "order, with Onsager/feed-forward corrections)", kind="spin.update",
                          renamed=_RENAMED_UPDATES)
     mode: str = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
-                       "num_steps time steps", _MODES)
+                       "num_steps time steps", kind="spin.mode")
     num_steps: int = option(2, "steps mode: number of time steps K")
     init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
-                       "caller)", _INITS)
+                       "caller)", kind="spin.init")
     solver: solvers.SolverOptions = option(
         solvers.SolverOptions(name="anderson", tol=1e-3, max_steps=30),
         "the solver of the steady state and of the TAP step")
@@ -79,7 +314,7 @@ class SpinConfig:
                               "beta_h = beta * exp(a_h), a_h initialised at 0")
     output: str = option("magnetization", "what the layer returns: magnetization (m) or "
                          "response (m - phi(x): the part of m the couplings cause; the block's "
-                         "residual already carries the input)", _OUTPUTS)
+                         "residual already carries the input)", kind="spin.output")
     coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
                                    "sqrt(D_h)) (rows sum to c instead of 1)")
 
@@ -106,7 +341,8 @@ _DEFAULTS = SpinConfig()
 # The query/key maps build the couplings J: they form the optimizer group "couplings".
 @register_attention("spin", config=SpinConfig, help="vector-spin mean field",
                     min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"),
-                    carries_state=lambda s: s.mode == "steps" and s.init == "carried",
+                    carries_state=lambda s: (choice("spin.mode", s.mode).steps
+                                             and choice("spin.init", s.init).carried),
                     carries_state_when="model.spin.mode=steps and model.spin.init=carried "
                                        "(num_steps=1: one time step per call)",
                     carries_state_keys=("mode", "init"),
@@ -121,14 +357,20 @@ class SpinAttention(eqx.Module):
     - `beta`: inverse temperature β (default 2, which trains better than 1: see
       `experiments/results/spin_lm/`). With fields of norm R the steady state's response to
       the other spins is β/(1 + √(1 + β²)) per unit of coupling: 0.41 at β = 1, 0.62 at 2.
-    - `update`: `"mean_field"` (first-order mean field) or `"tap"` (second order).
-    - `mode`: `"fixed_point"` (the non-equilibrium steady state, found by `solver` and
-      differentiated with `adjoint`) or `"steps"` (`num_steps` time steps).
+    The four options that select behaviour (`update`, `mode`, `init`, `output`) are option
+    objects (`SpinUpdate`, `SpinMode`, `SpinInit`, `SpinOutput`); each also accepts its
+    config name, resolved by `spinformer._choices.choice`, and the module holds the object.
+
+    - `update`: `MeanFieldUpdate()` (`"mean_field"`, first-order mean field) or
+      `TAPUpdate()` (`"tap"`, second order).
+    - `mode`: `SteadyState()` (`"fixed_point"`: the non-equilibrium steady state, found by
+      `solver` and differentiated with `adjoint`) or `TimeSteps()` (`"steps"`: `num_steps`
+      time steps).
     - `num_steps`: K for `mode="steps"`.
-    - `init`: initial magnetizations for `mode="steps"`: `"reset"` (the decoupled
-      magnetizations φ(x), fresh each call), `"learned"` (a trained vector per head) or
-      `"carried"` (the `state=` passed by the caller, e.g. the previous call's
-      `diagnostics["state"]`; φ(x) if None).
+    - `init`: initial magnetizations for `mode="steps"`: `Reset()` (`"reset"`, the decoupled
+      magnetizations φ(x), fresh each call), `Learned()` (`"learned"`, a trained vector per
+      head) or `Carried()` (`"carried"`, the `state=` passed by the caller, e.g. the
+      previous call's `diagnostics["state"]`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
       tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
       `Implicit(GMRES(restart=5), tol=1e-3)`), and `throw=False` (the default) reports
@@ -144,7 +386,8 @@ class SpinAttention(eqx.Module):
       couplings scaled by `exp(a_h)`: the model with (β, x, J) equals the model with
       (1, βx, βJ) at every order of the mean-field expansion (tested against the TAP and
       first-order maps), so every solver, adjoint and diagnostic sees an ordinary system.
-    - `output`: `"magnetization"` returns m; `"response"` returns m − φ(x), the part of the
+    - `output`: `Magnetization()` (`"magnetization"`) returns m; `Response()`
+      (`"response"`) returns m − φ(x), the part of the
       magnetizations the couplings cause (to first order the attention term of Bal's
       expansion, whose other term, φ(x), plays the residual connection the block already
       has). The carried `state` is m either way.
@@ -167,21 +410,21 @@ class SpinAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    update: str = eqx.field(static=True)
-    mode: str = eqx.field(static=True)
+    update: SpinUpdate = eqx.field(static=True)
+    mode: SpinMode = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
-    init: str = eqx.field(static=True)
+    init: SpinInit = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     normalize_fields: bool = eqx.field(static=True)
-    output: str = eqx.field(static=True)
+    output: SpinOutput = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         beta: float = _DEFAULTS.beta,
-        update: str = _DEFAULTS.update,
-        mode: str = _DEFAULTS.mode,
+        update: Union[SpinUpdate, str] = _DEFAULTS.update,
+        mode: Union[SpinMode, str] = _DEFAULTS.mode,
         num_steps: int = _DEFAULTS.num_steps,
-        init: str = _DEFAULTS.init,
+        init: Union[SpinInit, str] = _DEFAULTS.init,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = False,
@@ -191,7 +434,7 @@ class SpinAttention(eqx.Module):
         value_proj: bool = _DEFAULTS.value_proj,
         learn_beta: bool = _DEFAULTS.learn_beta,
         coupling_scale: float = _DEFAULTS.coupling_scale,
-        output: str = _DEFAULTS.output,
+        output: Union[SpinOutput, str] = _DEFAULTS.output,
         key: PRNGKeyArray,
     ):
         check_heads("SpinAttention", dim, num_heads)
@@ -203,11 +446,11 @@ class SpinAttention(eqx.Module):
         if update in _RENAMED_UPDATES:
             raise ValueError(f"SpinAttention: update={update!r} is now called "
                              f"{_RENAMED_UPDATES[update]!r}.")
-        for name, value, allowed in (("update", update, _UPDATES), ("mode", mode, _MODES),
-                                     ("init", init, _INITS), ("output", output, _OUTPUTS)):
-            if value not in allowed:
-                raise ValueError(f"SpinAttention: {name}={value!r}; choose one of {allowed}.")
-        if mode == "steps" and num_steps < 1:
+        update, mode, init, output = (
+            choice(f"spin.{name}", value, where=f"SpinAttention: {name}")
+            for name, value in (("update", update), ("mode", mode), ("init", init),
+                                ("output", output)))
+        if mode.steps and num_steps < 1:
             raise ValueError(f"SpinAttention: num_steps={num_steps} must be >= 1.")
         if not beta > 0:
             raise ValueError(f"SpinAttention: beta={beta} must be > 0.")
@@ -219,7 +462,7 @@ class SpinAttention(eqx.Module):
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.field_mlp = FeedForward(dim, field_ffn, key=kf) if field_ffn > 0 else None
         dh = dim // num_heads
-        self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned" else None
+        self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init.learned else None
         self.to_v = (eqx.nn.Linear(dim, dim, use_bias=False, key=jax.random.fold_in(kq, 1))
                      if value_proj else None)
         self.log_beta = jnp.zeros((num_heads,)) if learn_beta else None
@@ -321,20 +564,11 @@ class SpinAttention(eqx.Module):
             m, stats = jax.vmap(lambda xx, jj, cc, mp: self._cross_step(mp, cc, xx, jj))(
                 xh, J, ch, m_prev
             )
-        elif self.mode == "fixed_point":
-            m, stats = jax.vmap(self._steady_state)(xh, J)
-            m_prev = m
         else:
-            m0 = self._initial_state(xh, state)  # φ of the gained fields: β_h's φ(x)
-            m, m_prev, stats = jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(
-                xh, J, m0
-            )
+            m, m_prev, stats = self.mode.run(self, xh, J, state)
 
         out = merge_heads(m)
-        if self.output == "response":
-            y = merge_heads(m - vector.magnetization(xh, beta=beta, R=R))
-        else:
-            y = out
+        y = merge_heads(self.output.of(m, xh, beta=beta, R=R))
         y = jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
         if return_diagnostics:
             corr = sigma = None
@@ -370,13 +604,8 @@ class SpinAttention(eqx.Module):
 
     def _one_step(self, m_prev, x, J):
         """One mean-field time step m_t = update(m_{t-1}), and its solver `Stats`."""
-        if self.update == "mean_field":
-            m = vector.mean_field_step(m_prev, x, J, beta=self.beta, R=self.radius)
-            none = Stats.none((), m.dtype)
-            return m, Stats(none.num_steps + 1, none.residual, none.result)
-        sol = vector.tap_step(m_prev, x, J, beta=self.beta, R=self.radius,
-                              **self._solve_kwargs())
-        return sol.value, Stats.of(sol)
+        return self.update.step(m_prev, x, J, beta=self.beta, R=self.radius,
+                                solve=self._solve_kwargs())
 
     def _cross_step(self, m_ctx, x_ctx, x, J):
         """One step of the n query spins driven by s context spins through J (n, s).
@@ -394,22 +623,8 @@ class SpinAttention(eqx.Module):
 
     def _steady_state(self, x, J):
         """The NESS m* = update(m*, m*) solved as a fixed point, started at φ(x)."""
-        ness = vector.tap_ness if self.update == "tap" else vector.mean_field_ness
-        sol = ness(x, J, beta=self.beta, R=self.radius, **self._solve_kwargs())
+        sol = self.update.ness(x, J, beta=self.beta, R=self.radius, **self._solve_kwargs())
         return sol.value, Stats.of(sol)
-
-    def _initial_state(self, xh, state):
-        n, h, dh = xh.shape[1], self.num_heads, self.head_dim
-        if self.init == "learned":
-            return jnp.broadcast_to(self.m_init[:, None, :], (h, n, dh)).astype(xh.dtype)
-        if self.init == "carried" and state is not None:
-            if state.shape != (n, self.dim):
-                raise ValueError(
-                    f"SpinAttention: state must have shape ({n}, {self.dim}) like x; got "
-                    f"{state.shape}. Pass the previous call's diagnostics.state."
-                )
-            return split_heads(state, h)
-        return vector.magnetization(xh, beta=self.beta, R=self.radius)
 
     def _time_steps(self, m0, x, J):
         """K time steps from m0: the last magnetizations, those one step before, and stats
@@ -440,7 +655,7 @@ class SpinAttention(eqx.Module):
         `(K, H, max_len, D_h)`, time steps 0..K−1, for `mode="steps"`) and `failures`, the
         number of solves so far that did not converge."""
         H, dh = self.num_heads, self.head_dim
-        levels = () if self.mode == "fixed_point" else (self.num_steps,)
+        levels = self.mode.cache_levels(self)
         return {"k": jnp.zeros((H, max_len, dh), dtype),
                 "m": jnp.zeros((*levels, H, max_len, dh), dtype),
                 "failures": jnp.zeros((), jnp.int32)}
@@ -457,27 +672,10 @@ class SpinAttention(eqx.Module):
         xh = self.fields(x[None])[:, 0]  # (H, D_h)
         xh, J = self._gain(xh, J)
         beta, R = self.beta, self.radius
-        if self.mode == "fixed_point":
-            m, failed = jax.vmap(lambda xx, jj, M: self._decode_ness(xx, jj, M, pos))(
-                xh, J, cache["m"])
-            new_m = cache["m"].at[:, pos].set(m)
-        else:
-            if self.init == "learned":
-                m = self.m_init.astype(xh.dtype)
-            else:
-                m = vector.magnetization(xh, beta=beta, R=R)
-            levels, failed = [], jnp.zeros((), jnp.int32)
-            for k in range(self.num_steps):
-                M_prev = cache["m"][k].at[:, pos].set(m)  # time step k of positions <= pos
-                levels.append(M_prev)
-                m, f = jax.vmap(self._decode_step)(xh, J, M_prev)
-                failed = failed + jnp.sum(f)
-            new_m = jnp.stack(levels)
-        if self.output == "response":
-            m = m - vector.magnetization(xh, beta=beta, R=R)
-        out = m.reshape(-1)
+        m, new_m, failed = self.mode.decode(self, xh, J, cache["m"], pos)
+        out = self.output.of(m, xh, beta=beta, R=R).reshape(-1)
         y = self.out_proj(out) if self.out_proj is not None else out
-        return y, {**cache, "m": new_m, "failures": cache["failures"] + jnp.sum(failed)}
+        return y, {**cache, "m": new_m, "failures": cache["failures"] + failed}
 
     def _decode_ness(self, x, J, M, pos):
         """Steady state of one head's position `pos`: m = F(m) with the other rows of the
@@ -486,28 +684,15 @@ class SpinAttention(eqx.Module):
 
         def row_map(m, args):
             x_, J_, M_ = args
-            M_ = M_.at[pos].set(m)
-            if self.update == "mean_field":
-                return vector.magnetization(x_ + J_ @ M_, beta=beta, R=R)
-            theta = vector._tap_field(m[None], M_, x_[None], J_[None], beta, R)[0]
+            theta = self.update.row_field(m, M_.at[pos].set(m), x_, J_, beta=beta, R=R)
             return vector.magnetization(theta, beta=beta, R=R)
 
         m0 = vector.magnetization(x, beta=beta, R=R)
         sol = _solve(row_map, m0, (x, J, M), **self._solve_kwargs())
-        return sol.value, (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
+        return sol.value, _failed(sol)
 
     def _decode_step(self, x, J, M_prev):
         """One time step of one head's newest position given all positions' previous
         magnetizations `M_prev (L, D_h)`; returns `(m (D_h,), failed)`."""
-        beta, R = self.beta, self.radius
-        m0 = vector.magnetization(x + J @ M_prev, beta=beta, R=R)
-        if self.update == "mean_field":
-            return m0, jnp.zeros((), jnp.int32)
-
-        def row_map(m, args):
-            x_, J_, M_ = args
-            theta = vector._tap_field(m[None], M_, x_[None], J_[None], beta, R)[0]
-            return vector.magnetization(theta, beta=beta, R=R)
-
-        sol = _solve(row_map, m0, (x, J, M_prev), **self._solve_kwargs())
-        return sol.value, (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
+        return self.update.decode_step(x, J, M_prev, beta=self.beta, R=self.radius,
+                                       solve=self._solve_kwargs())

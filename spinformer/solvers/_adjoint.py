@@ -72,6 +72,8 @@ class Implicit(AbstractAdjoint):
       a Krylov-like method with little overhead) or `Picard()` (the Neumann series, which
       needs a contractive map) — or a Krylov solver, `GMRES(restart=...)` or `BiCGStab()`.
       A fixed-point solver's own `tol`, `max_steps` and `norm` are replaced by these.
+      `Dense()` forms the matrix and solves directly (small or ill-conditioned systems;
+      with `Dense(matrix=...)` from a closed form).
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
 
@@ -112,15 +114,16 @@ class Implicit(AbstractAdjoint):
         value = _implicit_identity((prob, args, self.probe), value, _stop(self), throw)
         return value, stats
 
-    def solve_transpose(self, prob, vjp_x, b):
-        """Solve Aᵀ w = b with A = I − ∂g/∂x (fixed point) or ∂F/∂x (root); `(w, ok)`."""
+    def solve_transpose(self, prob, vjp_x, b, point=None):
+        """Solve Aᵀ w = b with A = I − ∂g/∂x (fixed point) or ∂F/∂x (root) at `point =
+        (x, args)`; `(w, ok, products, relative residual)`."""
         if isinstance(prob, _FixedPointProblem):
             def matvec(w):
                 return w - vjp_x(w)
         else:
             matvec = vjp_x
         return linear_solve(self.linear_solver, matvec, b, tol=self.tol,
-                            max_steps=self.max_steps)
+                            max_steps=self.max_steps, point=point)
 
 
 def record_backward(adjoint: AbstractAdjoint) -> AbstractAdjoint:
@@ -191,7 +194,8 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
     # parameters' cotangent is unused and compiled away) and the final parameter product
     _, vjp = jax.vjp(fn_of, diff, value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
-    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b)
+    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b,
+                                                point=(value, jax.lax.stop_gradient(vjp_arg[1])))
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:

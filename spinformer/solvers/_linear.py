@@ -11,11 +11,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg  # noqa: F401  (jax.scipy.linalg.cho_solve)
 from jaxtyping import Array
 
 from ._solvers import AbstractFixedPointSolver, _BestSoFar, _FixedPointProblem, l2_norm
@@ -94,6 +95,55 @@ class BiCGStab(AbstractLinearSolver):
         return w, -1  # jax's BiCGSTAB does not report its iterations
 
 
+class Dense(AbstractLinearSolver):
+    """A direct solve with the matrix formed: LU, or Cholesky when `positive_definite`.
+
+    **Arguments:**
+
+    - `matrix`: `matrix(x, args) -> A` `(n, n)`, the system's matrix in closed form at the
+      solution `x` of the forward problem (`A = ∂F/∂x` for a root F(x) = 0,
+      `A = I − ∂g/∂x` for a fixed point x = g(x)); `Implicit` passes the point. None: A is
+      formed from n matrix–vector products (one per unit vector, vmapped), which suits
+      small systems whose Jacobian has no cheap closed form.
+    - `positive_definite`: A is symmetric positive definite: a Cholesky factorisation
+      (half the work of LU, and a failed factorisation gives NaN, caught by the residual
+      check of `linear_solve`).
+
+    O(n³) work and O(n²) memory: for the systems where a matrix-free solver would need
+    close to n products anyway (ill-conditioned, or small), or where the matrix is cheaper
+    in closed form than n products (the free-energy saddle's Hessian,
+    `spins.free_energy.SaddleImplicit`). It solves every non-singular system, where the
+    Richardson iteration needs the spectrum of A near 1.
+    """
+
+    matrix: Optional[Callable] = eqx.field(default=None, static=True)
+    positive_definite: bool = eqx.field(default=False, static=True)
+
+    def solve(self, matvec, b, *, tol, max_steps, point=None):
+        del tol, max_steps
+        shape, n = b.shape, b.size
+        if self.matrix is not None:
+            if point is None:
+                raise ValueError("Dense(matrix=...) needs the solution point: use it as "
+                                 "Implicit's linear_solver, or leave matrix=None.")
+            A = jnp.asarray(self.matrix(*point)).reshape(n, n)
+            products = 0
+        else:  # row i of A is (Aᵀ e_i)ᵀ: n transposed products
+            eye = jnp.eye(n, dtype=b.dtype)
+            A = jax.vmap(lambda e: matvec(e.reshape(shape)).reshape(-1))(eye)
+            products = n
+        rhs = b.reshape(-1)
+        if self.positive_definite:
+            w = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(A.T, lower=True), rhs)
+        else:
+            w = jnp.linalg.solve(A.T, rhs)
+        return w.reshape(shape), products
+
+    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+        w, products = self.solve(matvec, b, tol=tol, max_steps=max_steps, point=point)
+        return w, products, l2_norm(b - matvec(w))
+
+
 def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
     """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map
     w ↦ w + (b − A w), whose fixed-point residual is the linear residual b − A w.
@@ -120,8 +170,9 @@ def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_st
     return best.best(state)[0], k
 
 
-def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
-    """Dispatch to a linear solver or a fixed-point solver.
+def linear_solve(linear_solver, matvec, b, *, tol, max_steps, point=None):
+    """Dispatch to a linear solver or a fixed-point solver (`point = (x, args)`, the
+    forward solution and its arguments, for a `Dense` solver with a closed-form matrix).
 
     **Returns:** `(w, ok, steps, rel)`: the solution; whether the true residual satisfies
     ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
@@ -130,6 +181,9 @@ def linear_solve(linear_solver, matvec, b, *, tol, max_steps):
         w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
         resid = l2_norm(matvec(w) - b)
+    elif isinstance(linear_solver, Dense):
+        w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
+                                                            max_steps=max_steps, point=point)
     else:  # GMRES's last cycle already ends with the true residual
         w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
                                                             max_steps=max_steps)

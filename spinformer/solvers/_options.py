@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 from .._schema import ConfigError, option
 from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Unrolled
-from ._linear import BiCGStab, GMRES
+from ._linear import BiCGStab, Dense, GMRES
 from ._solvers import (AbstractRootFinder, AbstractSolver, Anderson, Broyden, JaxoptAnderson,
                        Newton, Picard)
 
@@ -147,7 +147,7 @@ class SolverOptions(_Named):
                                        damping=self.damping, history=self.history)))
 
 
-_LINEAR = ("anderson", "picard", "gmres", "bicgstab")
+_LINEAR = ("anderson", "picard", "gmres", "bicgstab", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,8 @@ class AdjointOptions(_Named):
 
     **Fields:** `name` (a registered adjoint: `implicit`, `unrolled`, `phantom`, `onestep`,
     ...); for `implicit` the backward `linear_solver` (`anderson` or `picard` on the
-    Richardson map, `gmres`, `bicgstab`), its relative `tol`, its `max_steps` (matrix–vector
+    Richardson map, `gmres`, `bicgstab`, `dense`: the matrix formed and solved directly),
+    its relative `tol`, its `max_steps` (matrix–vector
     products) and `restart` (the GMRES Krylov size or the Anderson history); for `phantom`
     its `steps` and `damping`.
     """
@@ -195,6 +196,7 @@ class AdjointOptions(_Named):
                 "picard": Picard,
                 "gmres": lambda: GMRES(restart=self.restart),
                 "bicgstab": BiCGStab,
+                "dense": Dense,
             }[self.linear_solver]()
             return Implicit(linear_solver=linear, tol=self.tol, max_steps=self.max_steps)
         return cls(**_kwargs(cls, dict(steps=self.steps, damping=self.damping)))

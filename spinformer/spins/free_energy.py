@@ -459,56 +459,33 @@ class SaddleNewton(solvers.AbstractRootFinder):
 # ----------------------------------------------------------------------------- the adjoint
 
 
-def _stop_tree(tree):
-    dyn, static = eqx.partition(tree, eqx.is_array)
-    return eqx.combine(jax.lax.stop_gradient(dyn), static)
+def _saddle_jacobian(t, args):
+    """∂F/∂t = ∇²φ/β at t `(n, n)`, in closed form (symmetric positive definite at the
+    saddle)."""
+    G, J, beta, kappa = args
+    return _hess_G(t, G, J, beta, kappa) / beta
 
 
-class SaddleImplicit(solvers.AbstractAdjoint):
+class SaddleImplicit(solvers.Implicit):
     """Implicit differentiation of the saddle with the closed-form Hessian: the default
-    adjoint of `saddle`. It reads `saddle`'s arguments, so it is not a general adjoint.
+    adjoint of `saddle` (config name `saddle_implicit`). It is `solvers.Implicit` with a
+    `solvers.Dense` linear solver that reads ∂F/∂t from `saddle`'s arguments, so it fits no
+    other problem.
 
     By the implicit function theorem, a cotangent ḡ of t* is pulled back by solving
     (∂F/∂t)ᵀ w = −ḡ with F = ∇φ/β, whose Jacobian ∇²φ/β is symmetric positive definite, and
     returning wᵀ ∂F/∂(H, J, β) (one VJP of F). The solve is one dense Cholesky
-    factorisation, O(N³), where the matrix-free `solvers.Implicit` needs up to N products of
-    O(N³) each. A failed factorisation gives NaN gradients, which `saddle` turns into an
-    error when `throw=True`.
+    factorisation, O(N³), where a matrix-free solve needs up to N products of O(N³) each.
+    The backward solve is checked and recorded like every `Implicit` solve
+    (`solvers.record_backward`); `tol` (1e-3) bounds the relative residual of the direct
+    solve in float32 (about `n·eps·cond(∇²φ)`), so only a failed factorisation (NaN) or a
+    nearly singular Hessian fails the check, which gives NaN gradients, and an error in
+    `saddle` when `throw=True`.
     """
 
-    def attach(self, prob, args, run_loop, throw):
-        value, stats = run_loop(_stop_tree(prob), _stop_tree(args), differentiable=False)
-        return _saddle_identity((prob, args), value), stats
-
-
-@eqx.filter_custom_vjp
-def _saddle_identity(vjp_arg, value):
-    del vjp_arg
-    return value
-
-
-@_saddle_identity.def_fwd
-def _saddle_identity_fwd(perturbed, vjp_arg, value):
-    del perturbed, vjp_arg
-    return value, None
-
-
-@_saddle_identity.def_bwd
-def _saddle_identity_bwd(residuals, g, perturbed, vjp_arg, value):
-    del residuals
-    G, J, beta, kappa = jax.lax.stop_gradient(vjp_arg[1])
-    jac = _hess_G(value, G, J, beta, kappa) / beta  # ∂F/∂t, symmetric
-    L = jnp.linalg.cholesky(jac)
-    w = -cho_solve((L, True), g)
-    diff, static = eqx.partition(vjp_arg, perturbed)
-
-    def fn_of(d):
-        p, a = eqx.combine(d, static)
-        return p.fn(value, a)
-
-    _, vjp_d = jax.vjp(fn_of, diff)
-    (g_diff,) = vjp_d(w)
-    return g_diff
+    linear_solver: solvers.AbstractLinearSolver = solvers.Dense(matrix=_saddle_jacobian,
+                                                                positive_definite=True)
+    tol: float = 1e-3
 
 
 # ----------------------------------------------------------------------------- the saddle
