@@ -162,10 +162,10 @@ class ModelConfig:
     pool: str = _f("mean", "pair classification (nli, snli) only: how the encoded pair becomes "
                    "one vector: mean (of the tokens), cls (first token) or ngt (the NeuroGame "
                    "paper's pooled game head, options from model.neurogame)",
-                   ("mean", "cls", "ngt"))
+                   kind="pair.pool")
     embed: str = _f("conv", "images only: conv (two conv+pool stages to a grid of sites, as in "
                     "the Deep Implicit Attention post; images >= 16x16) or patch (linear "
-                    "embedding of patch x patch patches)", ("conv", "patch"))
+                    "embedding of patch x patch patches)", kind="image.embed")
     patch: int = _f(4, "images, embed=patch only: patch side in pixels")
     conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions")
     residual: bool = _f(True, "images only: wrap each attention in a pre-norm residual block "

@@ -13,6 +13,7 @@ import pytest
 
 from spinformer import config as C
 from spinformer import nn, solvers
+from spinformer.nn._neurogame import PaperValues
 from spinformer.spins import coalitions, ising
 
 DIM, HEADS = 8, 2
@@ -356,7 +357,7 @@ def test_errors_and_config():
                                "model.num_heads=2"])
     reg = nn.get_attention("neurogame")
     kw = reg.kwargs_from(cfg.model.neurogame)
-    assert kw["estimator"] == "paper" and isinstance(kw["adjoint"], solvers.Unrolled)
+    assert kw["estimator"] == PaperValues() and isinstance(kw["adjoint"], solvers.Unrolled)
     with pytest.raises(C.ConfigError, match="damping"):
         C.load_config(None, ["model.neurogame.solver.damping=1.5"])
     # a stacked model trains through it (Transformer + scan)

@@ -144,12 +144,7 @@ def _games_inputs(module, x):
 
     def one(xi):
         v = project_heads(module.to_v, xi, H)  # (H, s, D_h)
-        if module.mode == "pooled":
-            return v[:, None]
-        q = project_heads(module.to_q, xi, H)
-        k = project_heads(module.to_k, xi, H)
-        rel = jax.nn.sigmoid(jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(q.shape[-1]))
-        return rel[..., None] * v[:, None]
+        return module.mode.games(module, xi, xi, v, None)[1]  # (H, G, s, D_h)
 
     u = jax.vmap(one)(x)
     return u.reshape(-1, *u.shape[-2:])

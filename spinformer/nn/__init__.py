@@ -50,6 +50,7 @@ from ._pair import PairClassifier as PairClassifier
 from ._pair import PairDiagnostics as PairDiagnostics
 from ._pair import pool_attention as pool_attention
 from ._reconstruct import PatchReconstructor as PatchReconstructor
+from . import options as options
 from ._registry import Registration as Registration
 from ._registry import attention_names as attention_names
 from ._registry import default_attention as default_attention
@@ -116,6 +117,7 @@ __all__ = [
     "generate",
     "get_attention",
     "model_analysis",
+    "options",
     "param_labels",
     "pool_attention",
     "register_attention",

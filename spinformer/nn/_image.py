@@ -10,6 +10,7 @@ all examples (the post's "learnable input injection"); the model reads its outpu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional, Union
 
 import equinox as eqx
@@ -17,10 +18,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._choices import Choice, choice, register_choice
 from ._block import Block
 from ._registry import get_attention
-
-_EMBEDS = ("conv", "patch")
 
 
 def conv_grid(size: int) -> int:
@@ -72,6 +72,46 @@ class PatchEmbed(eqx.Module):
         return jax.vmap(self.proj)(patches)
 
 
+class ImageEmbedding(Choice):
+    """How an `ImageClassifier` turns an image into sites (`embed`): `ConvEmbedding`
+    (`"conv"`) or `PatchEmbedding` (`"patch"`)."""
+
+    def build(self, image_shape: tuple[int, int], dim: int, *, patch: int,
+              conv_channels: int, key: PRNGKeyArray) -> tuple[eqx.Module, int]:
+        """The embedding module for images of `image_shape` and the number of sites it
+        makes (`patch`, `conv_channels`: the options of the patch and conv embeddings)."""
+        raise NotImplementedError
+
+
+@register_choice("image.embed", "conv")
+@dataclasses.dataclass(frozen=True)
+class ConvEmbedding(ImageEmbedding):
+    """`ConvEmbed`: the Deep Implicit Attention post's two conv+pool stages (images of at
+    least 16×16)."""
+
+    def build(self, image_shape, dim, *, patch, conv_channels, key):
+        H, W = image_shape
+        if conv_grid(H) < 1 or conv_grid(W) < 1:
+            raise ValueError(
+                f"ImageClassifier: embed='conv' shrinks a {H}×{W} image to nothing (two "
+                "3×3 convolutions and 3×3/2 poolings need at least 16×16 pixels); use "
+                "embed='patch'.")
+        return ConvEmbed(conv_channels, dim, key=key), conv_grid(H) * conv_grid(W)
+
+
+@register_choice("image.embed", "patch")
+@dataclasses.dataclass(frozen=True)
+class PatchEmbedding(ImageEmbedding):
+    """`PatchEmbed`: a linear embedding of `patch × patch` patches."""
+
+    def build(self, image_shape, dim, *, patch, conv_channels, key):
+        H, W = image_shape
+        if patch < 1 or H % patch or W % patch:
+            raise ValueError(f"ImageClassifier: patch={patch} must divide the image "
+                             f"sides {H}×{W}.")
+        return PatchEmbed(patch, dim, key=key), (H // patch) * (W // patch)
+
+
 class BareLayer(eqx.Module):
     """An attention used as a whole layer: `x ↦ attention(x)` with no norm and no residual
     (the implicit layer of Deep Implicit Attention carries its own source term)."""
@@ -92,8 +132,9 @@ class ImageClassifier(eqx.Module):
     - `dim`: model width D; `depth`: number of attention layers; `num_heads`: heads.
     - `attention`: a registered attention name or class (as `Transformer`);
       `attention_kwargs`: its constructor arguments.
-    - `embed`: `"conv"` (the Deep Implicit Attention post's two conv+pool stages; needs images
-      of at least 16×16) or `"patch"` (linear patch embedding, `patch × patch` patches).
+    - `embed`: an `ImageEmbedding` or its name: `ConvEmbedding()` (`"conv"`, the Deep
+      Implicit Attention post's two conv+pool stages; needs images of at least 16×16) or
+      `PatchEmbedding()` (`"patch"`, linear patch embedding, `patch × patch` patches).
     - `conv_channels`: channels of the convolutional embedding.
     - `residual`: True wraps each attention in a pre-norm residual `Block` (with an FFN of
       width `ffn_hidden`, 0 for none) and ends with a LayerNorm; False applies the attentions
@@ -125,7 +166,7 @@ class ImageClassifier(eqx.Module):
         attention: Union[str, Callable[..., eqx.Module]] = "softmax",
         attention_kwargs: Optional[dict[str, Any]] = None,
         *,
-        embed: str = "conv",
+        embed: Union[str, ImageEmbedding] = ConvEmbedding(),
         patch: int = 4,
         conv_channels: int = 32,
         residual: bool = True,
@@ -137,23 +178,10 @@ class ImageClassifier(eqx.Module):
         H, W = image_shape
         if depth < 1:
             raise ValueError(f"ImageClassifier: depth={depth} must be >= 1.")
-        if embed not in _EMBEDS:
-            raise ValueError(f"ImageClassifier: embed={embed!r}; choose one of {_EMBEDS}.")
+        embed = choice("image.embed", embed, where="ImageClassifier: embed")
         ke, kc, kp, kl, kh = jax.random.split(key, 5)
-        if embed == "conv":
-            if conv_grid(H) < 1 or conv_grid(W) < 1:
-                raise ValueError(
-                    f"ImageClassifier: embed='conv' shrinks a {H}×{W} image to nothing (two "
-                    "3×3 convolutions and 3×3/2 poolings need at least 16×16 pixels); use "
-                    "embed='patch'.")
-            self.embed = ConvEmbed(conv_channels, dim, key=ke)
-            num_sites = conv_grid(H) * conv_grid(W)
-        else:
-            if patch < 1 or H % patch or W % patch:
-                raise ValueError(f"ImageClassifier: patch={patch} must divide the image "
-                                 f"sides {H}×{W}.")
-            self.embed = PatchEmbed(patch, dim, key=ke)
-            num_sites = (H // patch) * (W // patch)
+        self.embed, num_sites = embed.build((H, W), dim, patch=patch,
+                                            conv_channels=conv_channels, key=ke)
         n = num_sites + 1
         reg = get_attention(attention)
         kwargs = dict(attention_kwargs or {})

@@ -57,14 +57,18 @@ length, and α keeps its absolute meaning (all tokens active gives the plain mea
 
 **Two ways to use it** (`mode`):
 
-- `"pooled"` — the paper's layer: one game per sequence over all its players; the output
+- `"pooled"` (`PooledGame`) — the paper's layer: one game per sequence over all its players; the output
   z (D,) is what the paper's classifier head (eqs. 28–30) reads (`pool`). Called as an
   attention layer in a stack, every position receives the same z (a global, non-causal
   summary).
-- `"query"` — this project's extension to a token-mixing layer: one game per query i over the
+- `"query"` (`QueryGames`) — this project's extension to a token-mixing layer: one game per query i over the
   tokens it may see (its row of the mask, causal or padded), with player vectors
   u_ij = σ(q_i·k_j/√D_h)·V_j, so each query plays its own game (query relevance scales each
   player's contribution) and receives Σ_j α_ij V_j / N_i. The cost is one game per query.
+
+Every option that selects behaviour (`mode`, `estimator`, `value_fn`, `gate`, `normalize`) is
+an object carrying it (e.g. `PooledGame().games(...)`, `ExactValues().values(...)`); the
+config holds the names, and the constructor takes either.
 
 The game values are computed on every call, in training and in evaluation (Monte Carlo
 estimators draw K = `train_samples` coalitions from the call's key in training and
@@ -75,7 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import ClassVar, Optional, Union
 
 import equinox as eqx
 import jax
@@ -83,6 +87,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
+from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
@@ -90,13 +95,235 @@ from ._heads import check_heads, check_shapes, merge_heads, project_heads
 from ._masks import combine_masks
 from ._registry import register_attention
 
-MODES = ("query", "pooled")
-ESTIMATORS = ("mc", "exact", "paper")
-VALUE_FNS = ("identity", "tanh", "relu")
-GATES = ("learned", "shapley", "banzhaf")
-NORMALIZATIONS = ("players", "sum", "none")
 # Below this L1 norm the Shapley/Banzhaf vector is treated as zero (no division by ~0).
 _L1_FLOOR = 1e-6
+
+
+# -- options ---------------------------------------------------------------------------------
+# Each option is an object that carries its behaviour (`spinformer._choices`); the config
+# holds its name. Registration order is the order of the config's listed values.
+
+
+class NeuroGameMode(Choice):
+    """Which games a `NeuroGameAttention` plays (`mode`): `QueryGames` (`"query"`) or
+    `PooledGame` (`"pooled"`)."""
+
+    #: the games are built from queries and keys (the module has the maps `to_q`, `to_k`)
+    uses_queries: ClassVar[bool] = False
+
+    def check(self, causal: bool) -> None:
+        """Raise `ValueError` if this mode cannot serve a (non-)causal layer."""
+
+    def games(self, attn: "NeuroGameAttention", x, ctx, v, allowed):
+        """The games of one call: `players (G, s)` and the player vectors
+        `u (H, G, s, D_h)`, from the queries `x (n, D)`, the tokens `ctx (s, D)`, their
+        values `v (H, s, D_h)` and the visibility mask `allowed (n, s)` (or None)."""
+        raise NotImplementedError
+
+    def outputs(self, y, n: int, dim: int):
+        """The layer's output `(n, D)` from the games' outputs `y (G, D)`."""
+        raise NotImplementedError
+
+
+@register_choice("neurogame.mode", "query")
+@dataclasses.dataclass(frozen=True)
+class QueryGames(NeuroGameMode):
+    """One game per query over the tokens it may see, with player vectors
+    u_ij = σ(q_i·k_j/√D_h)·V_j (this project's token-mixing extension)."""
+
+    uses_queries: ClassVar[bool] = True
+
+    def games(self, attn, x, ctx, v, allowed):
+        n, s, H = x.shape[0], ctx.shape[0], attn.num_heads
+        players = jnp.ones((n, s), bool) if allowed is None else allowed
+        q = project_heads(attn.to_q, x, H)
+        k = project_heads(attn.to_k, ctx, H)
+        relevance = jax.nn.sigmoid(jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(q.shape[-1]))
+        return players, relevance[..., None] * v[:, None]  # (H, n, s, D_h)
+
+    def outputs(self, y, n, dim):
+        return y
+
+
+@register_choice("neurogame.mode", "pooled")
+@dataclasses.dataclass(frozen=True)
+class PooledGame(NeuroGameMode):
+    """One game per sequence over all its players (the paper's layer); every position
+    receives the same output z."""
+
+    def check(self, causal):
+        if causal:
+            raise ValueError(
+                "NeuroGameAttention: mode='pooled' plays one game over the whole sequence, so "
+                "every position would see future tokens; use mode='query' for causal models."
+            )
+
+    def games(self, attn, x, ctx, v, allowed):
+        s = ctx.shape[0]
+        players = jnp.ones((1, s), bool) if allowed is None else jnp.any(allowed, 0)[None]
+        return players, v[:, None]  # (H, 1, s, D_h)
+
+    def outputs(self, y, n, dim):
+        return jnp.broadcast_to(y, (n, dim))
+
+
+class GameEstimator(Choice):
+    """How the game values are estimated (`estimator`): `MonteCarloValues` (`"mc"`),
+    `ExactValues` (`"exact"`) or `PaperValues` (`"paper"`)."""
+
+    def values(self, game, players, *, key, num_samples: int, gamma, interactions: bool):
+        """(φ, β, J_ij or None) of one game with players `players (s,)`; J is None without
+        `interactions`."""
+        raise NotImplementedError
+
+    def check_players(self, s: int) -> None:
+        """Raise `ValueError` if this estimator cannot serve `s` tokens."""
+
+
+@register_choice("neurogame.estimator", "mc")
+@dataclasses.dataclass(frozen=True)
+class MonteCarloValues(GameEstimator):
+    """The unbiased shared-draw Monte Carlo estimators of `spins.coalitions`."""
+
+    def values(self, game, players, *, key, num_samples, gamma, interactions):
+        n = players.shape[0]
+        k1, k2, k3 = jax.random.split(key, 3)
+        kw = dict(num_samples=num_samples, players=players)
+        phi = coalitions.shapley_mc(game, n, key=k1, **kw).value
+        beta = coalitions.banzhaf_mc(game, n, key=k2, **kw).value
+        J = coalitions.interactions_mc(game, n, key=k3, **kw).value if interactions else None
+        return phi, beta, J
+
+
+@register_choice("neurogame.estimator", "exact")
+@dataclasses.dataclass(frozen=True)
+class ExactValues(GameEstimator):
+    """Enumeration of the coalitions (at most `coalitions.MAX_EXACT` tokens)."""
+
+    def values(self, game, players, *, key, num_samples, gamma, interactions):
+        n = players.shape[0]
+        phi = coalitions.shapley(game, n, players=players)
+        beta = coalitions.banzhaf(game, n, players=players)
+        J = coalitions.interactions(game, n, players=players) if interactions else None
+        return phi, beta, J
+
+    def check_players(self, s):
+        if s > coalitions.MAX_EXACT:
+            raise ValueError(
+                f"NeuroGameAttention: estimator='exact' enumerates 2^{s} coalitions; it "
+                f"accepts at most {coalitions.MAX_EXACT} tokens. Use estimator='mc'."
+            )
+
+
+@register_choice("neurogame.estimator", "paper")
+@dataclasses.dataclass(frozen=True)
+class PaperValues(GameEstimator):
+    """Algorithm 1 as printed (`coalitions.ngt_estimates`: Gibbs-weighted)."""
+
+    def values(self, game, players, *, key, num_samples, gamma, interactions):
+        est = coalitions.ngt_estimates(game, players.shape[0], key=key,
+                                       num_samples=num_samples, gamma=gamma, players=players)
+        return est.shapley, est.banzhaf, (est.interactions if interactions else None)
+
+
+class GameValueFn(Choice):
+    """f of the game v(C) = f(‖Σ_{i∈C} u_i‖) (`value_fn`): `IdentityNorm` (`"identity"`),
+    `TanhNorm` (`"tanh"`) or `ReluNorm` (`"relu"`)."""
+
+    def game(self, u) -> coalitions.NormGame:
+        """The game of the player vectors `u (s, D_h)`."""
+        return coalitions.NormGame(u, self.name)  # the nonlinearity's name in `spins`
+
+
+@register_choice("neurogame.value_fn", "identity")
+@dataclasses.dataclass(frozen=True)
+class IdentityNorm(GameValueFn):
+    """v(C) = ‖Σ_{i∈C} u_i‖ (Algorithm 1)."""
+
+
+@register_choice("neurogame.value_fn", "tanh")
+@dataclasses.dataclass(frozen=True)
+class TanhNorm(GameValueFn):
+    """v(C) = tanh ‖Σ_{i∈C} u_i‖."""
+
+
+@register_choice("neurogame.value_fn", "relu")
+@dataclasses.dataclass(frozen=True)
+class ReluNorm(GameValueFn):
+    """v(C) = relu ‖Σ_{i∈C} u_i‖."""
+
+
+class NeuroGameGate(Choice):
+    """The gate λ between Shapley and Banzhaf fields (`gate`): `LearnedGate` (`"learned"`),
+    `ShapleyGate` (`"shapley"`, λ ≡ 1) or `BanzhafGate` (`"banzhaf"`, λ ≡ 0)."""
+
+    def weights(self, proj: eqx.nn.Linear, x, num_heads: int):
+        """λ `(H, s)` of the players `x (s, D)` (`proj`: the module's gate projection)."""
+        raise NotImplementedError
+
+
+@register_choice("neurogame.gate", "learned")
+@dataclasses.dataclass(frozen=True)
+class LearnedGate(NeuroGameGate):
+    """λ_i = σ(w_hᵀ x_i + b_h)."""
+
+    def weights(self, proj, x, num_heads):
+        return jax.nn.sigmoid(jax.vmap(proj)(x)).T
+
+
+@register_choice("neurogame.gate", "shapley")
+@dataclasses.dataclass(frozen=True)
+class ShapleyGate(NeuroGameGate):
+    """λ ≡ 1: the fields are the Shapley values."""
+
+    def weights(self, proj, x, num_heads):
+        return jnp.ones((num_heads, x.shape[0]), x.dtype)
+
+
+@register_choice("neurogame.gate", "banzhaf")
+@dataclasses.dataclass(frozen=True)
+class BanzhafGate(NeuroGameGate):
+    """λ ≡ 0: the fields are the Banzhaf indices."""
+
+    def weights(self, proj, x, num_heads):
+        return jnp.zeros((num_heads, x.shape[0]), x.dtype)
+
+
+class OutputNormalization(Choice):
+    """How a game's output Σ_i α_i V_i is normalised (`normalize`): `NormalizeByPlayers`
+    (`"players"`), `NormalizeBySum` (`"sum"`) or `NoNormalization` (`"none"`, the paper's).
+    Called as `normalize(out, alpha, players)`."""
+
+    def __call__(self, out, alpha, players):
+        raise NotImplementedError
+
+
+@register_choice("neurogame.normalize", "players")
+@dataclasses.dataclass(frozen=True)
+class NormalizeByPlayers(OutputNormalization):
+    """Divide by the number of players N."""
+
+    def __call__(self, out, alpha, players):
+        return out / jnp.maximum(jnp.sum(players), 1)
+
+
+@register_choice("neurogame.normalize", "sum")
+@dataclasses.dataclass(frozen=True)
+class NormalizeBySum(OutputNormalization):
+    """Divide by Σα (a convex combination, like softmax)."""
+
+    def __call__(self, out, alpha, players):
+        total = jnp.sum(alpha)
+        return out / jnp.where(total > 0, total, 1.0)
+
+
+@register_choice("neurogame.normalize", "none")
+@dataclasses.dataclass(frozen=True)
+class NoNormalization(OutputNormalization):
+    """The paper's unnormalised output."""
+
+    def __call__(self, out, alpha, players):
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,19 +332,20 @@ class NeuroGameConfig:
 
     mode: str = option("query", "query: one game per query over its visible tokens (this "
                        "project's token-mixing extension); pooled: one game per sequence "
-                       "(the paper's layer; every position gets the same output)", MODES)
+                       "(the paper's layer; every position gets the same output)",
+                       kind="neurogame.mode")
     estimator: str = option("mc", "game values: mc (unbiased Monte Carlo), exact "
                             "(enumeration, <= 16 tokens), paper (Algorithm 1's "
-                            "Gibbs-weighted estimators)", ESTIMATORS)
+                            "Gibbs-weighted estimators)", kind="neurogame.estimator")
     train_samples: int = option(15, "Monte Carlo samples K per call in training")
     eval_samples: int = option(25, "Monte Carlo samples K per call in evaluation")
     eval_seed: int = option(0, "seed of the fixed evaluation key (deterministic evaluation)")
     value_fn: str = option("identity", "f in v(C) = f(|sum of the coalition's values|)",
-                           VALUE_FNS)
+                           kind="neurogame.value_fn")
     gamma: float = option(0.25, "initial temperature gamma of every head")
     learn_gamma: bool = option(True, "learn each head's temperature (log-parameterised)")
     gate: str = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
-                       "banzhaf (lambda = 0)", GATES)
+                       "banzhaf (lambda = 0)", kind="neurogame.gate")
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
     solver: solvers.SolverOptions = option(
         solvers.SolverOptions(name="picard", tol=1e-4, max_steps=100),
@@ -130,7 +358,7 @@ class NeuroGameConfig:
         "unrolled (backpropagation through the iterations, as the paper's code)")
     normalize: str = option("players", "output normalisation: players (divide by the number "
                             "of players), sum (by the sum of alpha), none (the paper's)",
-                            NORMALIZATIONS)
+                            kind="neurogame.normalize")
 
     _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
               "damping": "solver.damping",
@@ -186,20 +414,28 @@ class NeuroGameAttention(eqx.Module):
     - `dim`: model width D; `num_heads`: H (D divisible by H, D_h = D/H).
     - `causal`: in `"query"` mode query i's game has the players j ≤ i (self-attention only);
       `"pooled"` mode has one game over the whole sequence and refuses `causal=True`.
-    - `mode`: `"query"` or `"pooled"`.
-    - `estimator`: `"mc"`, `"exact"` or `"paper"`.
+
+    The options `mode`, `estimator`, `value_fn`, `gate` and `normalize` take the option
+    object or its name (what the config holds); the module keeps the object.
+
+    - `mode`: a `NeuroGameMode`, `QueryGames()` (`"query"`) or `PooledGame()` (`"pooled"`).
+    - `estimator`: a `GameEstimator`, `MonteCarloValues()` (`"mc"`), `ExactValues()`
+      (`"exact"`) or `PaperValues()` (`"paper"`).
     - `train_samples`, `eval_samples`: K with and without a call `key`.
     - `eval_seed`: seed of the fixed evaluation key.
-    - `value_fn`: f of the game, `"identity"`, `"tanh"` or `"relu"`.
+    - `value_fn`: f of the game, a `GameValueFn`: `IdentityNorm()` (`"identity"`),
+      `TanhNorm()` (`"tanh"`) or `ReluNorm()` (`"relu"`).
     - `gamma`: initial temperature of every head; `learn_gamma`: train log γ_h.
-    - `gate`: `"learned"` λ_i = σ(w_hᵀx_i + b_h), `"shapley"` (λ ≡ 1), `"banzhaf"` (λ ≡ 0).
+    - `gate`: a `NeuroGameGate`, `LearnedGate()` (`"learned"`, λ_i = σ(w_hᵀx_i + b_h)),
+      `ShapleyGate()` (`"shapley"`, λ ≡ 1) or `BanzhafGate()` (`"banzhaf"`, λ ≡ 0).
     - `interactions`: use J_ij (False: J_ij = 0, independent spins).
     - `solver`, `adjoint`: the mean-field solver (carrying its `tol`, `max_steps` and
       `damping`: `Picard(damping=0.7)` is the damped update) and how gradients flow
       (`solvers.Implicit(tol=1e-4)` by default; `solvers.Unrolled()`
       reproduces the paper's backpropagation through the iterations). With an implicit
       adjoint a game whose mean field did not converge passes no gradient through ⟨s⟩.
-    - `normalize`: `"players"`, `"sum"` or `"none"`.
+    - `normalize`: an `OutputNormalization`, `NormalizeByPlayers()` (`"players"`),
+      `NormalizeBySum()` (`"sum"`) or `NoNormalization()` (`"none"`).
     - `throw`: raise if a mean field does not converge (default False: reported in the
       diagnostics and the trainer's `solver_failures`).
     - `key`: PRNG key.
@@ -216,58 +452,52 @@ class NeuroGameAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    mode: str = eqx.field(static=True)
-    estimator: str = eqx.field(static=True)
+    mode: NeuroGameMode = eqx.field(static=True)
+    estimator: GameEstimator = eqx.field(static=True)
     train_samples: int = eqx.field(static=True)
     eval_samples: int = eqx.field(static=True)
     eval_seed: int = eqx.field(static=True)
-    value_fn: str = eqx.field(static=True)
+    value_fn: GameValueFn = eqx.field(static=True)
     learn_gamma: bool = eqx.field(static=True)
-    gate: str = eqx.field(static=True)
+    gate: NeuroGameGate = eqx.field(static=True)
     interactions: bool = eqx.field(static=True)
-    normalize: str = eqx.field(static=True)
+    normalize: OutputNormalization = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
-        mode: str = _DEFAULTS.mode,
-        estimator: str = _DEFAULTS.estimator,
+        mode: Union[str, NeuroGameMode] = _DEFAULTS.mode,
+        estimator: Union[str, GameEstimator] = _DEFAULTS.estimator,
         train_samples: int = _DEFAULTS.train_samples,
         eval_samples: int = _DEFAULTS.eval_samples,
         eval_seed: int = _DEFAULTS.eval_seed,
-        value_fn: str = _DEFAULTS.value_fn,
+        value_fn: Union[str, GameValueFn] = _DEFAULTS.value_fn,
         gamma: float = _DEFAULTS.gamma,
         learn_gamma: bool = _DEFAULTS.learn_gamma,
-        gate: str = _DEFAULTS.gate,
+        gate: Union[str, NeuroGameGate] = _DEFAULTS.gate,
         interactions: bool = _DEFAULTS.interactions,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
-        normalize: str = _DEFAULTS.normalize,
+        normalize: Union[str, OutputNormalization] = _DEFAULTS.normalize,
         throw: bool = False,
         use_bias: bool = False,
         key: PRNGKeyArray,
     ):
         check_heads("NeuroGameAttention", dim, num_heads)
-        for name, value, allowed in (
-            ("mode", mode, MODES), ("estimator", estimator, ESTIMATORS),
-            ("value_fn", value_fn, VALUE_FNS), ("gate", gate, GATES),
-            ("normalize", normalize, NORMALIZATIONS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"NeuroGameAttention: {name}={value!r}; choose one of "
-                                 f"{allowed}.")
-        if mode == "pooled" and causal:
-            raise ValueError(
-                "NeuroGameAttention: mode='pooled' plays one game over the whole sequence, so "
-                "every position would see future tokens; use mode='query' for causal models."
-            )
+        where = "NeuroGameAttention: "
+        mode = choice("neurogame.mode", mode, where=where + "mode")
+        estimator = choice("neurogame.estimator", estimator, where=where + "estimator")
+        value_fn = choice("neurogame.value_fn", value_fn, where=where + "value_fn")
+        gate = choice("neurogame.gate", gate, where=where + "gate")
+        normalize = choice("neurogame.normalize", normalize, where=where + "normalize")
+        mode.check(causal)
         if train_samples < 2 or eval_samples < 2:
             raise ValueError("NeuroGameAttention: train_samples and eval_samples must be >= 2 "
                              "(standard errors and self-normalised weights need two draws).")
         if not gamma > 0:
             raise ValueError(f"NeuroGameAttention: gamma={gamma} must be > 0.")
         kq, kk, kv, ko, kg = jax.random.split(key, 5)
-        if mode == "query":
+        if mode.uses_queries:
             self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
             self.to_k = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kk)
         else:
@@ -297,39 +527,21 @@ class NeuroGameAttention(eqx.Module):
 
     def gates(self, x: Float[Array, "s d"]) -> Float[Array, "h s"]:
         """λ `(H, s)` of the players `x (s, D)`: σ(w_hᵀx + b_h), or 1 / 0 for the ablations."""
-        if self.gate == "shapley":
-            return jnp.ones((self.num_heads, x.shape[0]), x.dtype)
-        if self.gate == "banzhaf":
-            return jnp.zeros((self.num_heads, x.shape[0]), x.dtype)
-        return jax.nn.sigmoid(jax.vmap(self.gate_proj)(x)).T
+        return self.gate.weights(self.gate_proj, x, self.num_heads)
 
     def _values(self, game, players, key, num_samples, gamma):
         """(φ, β, J_ij) of one game with the configured estimator."""
-        n = players.shape[0]
-        if self.estimator == "exact":
-            phi = coalitions.shapley(game, n, players=players)
-            beta = coalitions.banzhaf(game, n, players=players)
-            J = coalitions.interactions(game, n, players=players) if self.interactions else None
-        elif self.estimator == "mc":
-            k1, k2, k3 = jax.random.split(key, 3)
-            kw = dict(num_samples=num_samples, players=players)
-            phi = coalitions.shapley_mc(game, n, key=k1, **kw).value
-            beta = coalitions.banzhaf_mc(game, n, key=k2, **kw).value
-            J = (coalitions.interactions_mc(game, n, key=k3, **kw).value
-                 if self.interactions else None)
-        else:
-            est = coalitions.ngt_estimates(game, n, key=key, num_samples=num_samples,
-                                           gamma=gamma, players=players)
-            phi, beta, J = est.shapley, est.banzhaf, est.interactions
-            J = J if self.interactions else None
+        phi, beta, J = self.estimator.values(game, players, key=key, num_samples=num_samples,
+                                             gamma=gamma, interactions=self.interactions)
         if J is None:
+            n = players.shape[0]
             J = jnp.zeros((n, n), phi.dtype)
         return phi, beta, J
 
     def _play(self, u, v, players, lam, gamma, key, num_samples):
         """One game: player vectors `u (s, D_h)`, output values `v (s, D_h)`, `players (s,)`,
         gates `lam (s,)`. Returns the output `(D_h,)` and the per-game diagnostics."""
-        game = coalitions.NormGame(u, self.value_fn)
+        game = self.value_fn.game(u)
         phi, beta, J = self._values(game, players, key, num_samples, gamma)
         phi, beta = _l1_normalized(phi, players), _l1_normalized(beta, players)
         field = jnp.where(players, lam * phi + (1.0 - lam) * beta, 0.0)
@@ -349,17 +561,12 @@ class NeuroGameAttention(eqx.Module):
                           jax.lax.stop_gradient(m))
         m = jnp.where(players, m, 0.0)
         alpha = jnp.where(players, 0.5 * (1.0 + m), 0.0)
-        out = alpha @ v
-        if self.normalize == "players":
-            out = out / jnp.maximum(jnp.sum(players), 1)
-        elif self.normalize == "sum":
-            total = jnp.sum(alpha)
-            out = out / jnp.where(total > 0, total, 1.0)
+        out = self.normalize(alpha @ v, alpha, players)
         return out, (alpha, m, field, J, phi, beta, Stats.of(sol))
 
     def _games(self, x, ctx, allowed, key):
         """Every head's games: outputs `(H, G, D_h)` and stacked per-game diagnostics."""
-        H, s = self.num_heads, ctx.shape[0]
+        H = self.num_heads
         v = project_heads(self.to_v, ctx, H)  # (H, s, D_h)
         lam = self.gates(ctx)  # (H, s)
         gammas = self.gammas
@@ -367,17 +574,7 @@ class NeuroGameAttention(eqx.Module):
             key, num_samples = jax.random.key(self.eval_seed), self.eval_samples
         else:
             num_samples = self.train_samples
-        if self.mode == "pooled":
-            players = jnp.ones((1, s), bool) if allowed is None else jnp.any(allowed, 0)[None]
-            u = v[:, None]  # (H, 1, s, D_h)
-        else:
-            n = x.shape[0]
-            players = jnp.ones((n, s), bool) if allowed is None else allowed
-            q = project_heads(self.to_q, x, H)
-            k = project_heads(self.to_k, ctx, H)
-            relevance = jax.nn.sigmoid(jnp.einsum("hnk,hsk->hns", q, k)
-                                       / math.sqrt(q.shape[-1]))
-            u = relevance[..., None] * v[:, None]  # (H, n, s, D_h)
+        players, u = self.mode.games(self, x, ctx, v, allowed)  # (G, s), (H, G, s, D_h)
         G = players.shape[0]
         keys = jax.random.split(key, (H, G))
 
@@ -390,11 +587,7 @@ class NeuroGameAttention(eqx.Module):
         return jax.vmap(head)(u, v, lam, gammas, keys), lam
 
     def _check_players(self, s):
-        if self.estimator == "exact" and s > coalitions.MAX_EXACT:
-            raise ValueError(
-                f"NeuroGameAttention: estimator='exact' enumerates 2^{s} coalitions; it "
-                f"accepts at most {coalitions.MAX_EXACT} tokens. Use estimator='mc'."
-            )
+        self.estimator.check_players(s)
 
     def _diagnostics(self, per_game, lam):
         alpha, m, field, J, phi, beta, stats = per_game
@@ -430,8 +623,7 @@ class NeuroGameAttention(eqx.Module):
                                 mask)
         (out, per_game), lam = self._games(x, ctx, allowed, key)  # out (H, G, D_h)
         y = jax.vmap(self.to_out)(merge_heads(out))  # (G, D)
-        if self.mode == "pooled":
-            y = jnp.broadcast_to(y, (x.shape[0], self.dim))
+        y = self.mode.outputs(y, x.shape[0], self.dim)
         if return_diagnostics:
             return y, self._diagnostics(per_game, lam)
         return y
@@ -469,4 +661,27 @@ class NeuroGameAttention(eqx.Module):
         return z
 
 
-__all__ = ["NeuroGameAttention", "NeuroGameConfig", "NeuroGameDiagnostics"]
+__all__ = [
+    "BanzhafGate",
+    "ExactValues",
+    "GameEstimator",
+    "GameValueFn",
+    "IdentityNorm",
+    "LearnedGate",
+    "MonteCarloValues",
+    "NeuroGameAttention",
+    "NeuroGameConfig",
+    "NeuroGameDiagnostics",
+    "NeuroGameGate",
+    "NeuroGameMode",
+    "NoNormalization",
+    "NormalizeByPlayers",
+    "NormalizeBySum",
+    "OutputNormalization",
+    "PaperValues",
+    "PooledGame",
+    "QueryGames",
+    "ReluNorm",
+    "ShapleyGate",
+    "TanhNorm",
+]

@@ -1,0 +1,53 @@
+"""Every option object of the attention families and models, in one namespace.
+
+Options that select behaviour are frozen dataclasses registered under a kind and a name
+(`spinformer._choices`); a config names them (`model.spin.update: tap`), Python passes the
+object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kinds:
+
+- `spin.update`: `MeanFieldUpdate` (`mean_field`), `TAPUpdate` (`tap`);
+  `spin.mode`: `SteadyState` (`fixed_point`), `TimeSteps` (`steps`);
+  `spin.init`: `Reset`, `Learned`, `Carried`; `spin.output`: `Magnetization`, `Response`.
+- `boltzmann.mode`: `SoftmaxBaseline`, `EnergyHJ`, `EnergyH`, `EnergyJ`, `EnergyHK`,
+  `EnergyHJK`, `EnergyJK`, `EnergyK`; `boltzmann.inference`: `ExactInference`,
+  `MeanFieldInference`, `TAPInference`, `Gibbs`, `ParallelTempering`, `DQA` (the samplers
+  carry their parameters).
+- `neurogame.mode`: `QueryGames`, `PooledGame`; `neurogame.estimator`: `MonteCarloValues`,
+  `ExactValues`, `PaperValues`; `neurogame.value_fn`: `IdentityNorm`, `TanhNorm`,
+  `ReluNorm`; `neurogame.gate`: `LearnedGate`, `ShapleyGate`, `BanzhafGate`;
+  `neurogame.normalize`: `NormalizeByPlayers`, `NormalizeBySum`, `NoNormalization`.
+- `implicit.couplings`: `ExplicitSiteCouplings`, `SoftmaxCouplings`; `implicit.onsager`:
+  `MLPOnsager`, `AdaptiveTAPOnsager`, `NaiveOnsager`.
+- `free_energy.couplings`: `ExplicitSpinCouplings`, `InputCouplings`.
+- `attractor.constraint`: `GlobalNorm`, `BlockNorm`; `attractor.objective`:
+  `EnergyObjective`, `PseudoLikelihoodObjective`.
+- `sequence.pool`: `NoPool`, `MeanPool`; `pair.pool`: `PairMeanPool`, `PairClsPool`,
+  `PairNGTPool`; `image.embed`: `ConvEmbedding`, `PatchEmbedding`.
+
+`choice(kind, value)` resolves a name; `choice_names(kind)` lists a kind's names;
+`register_choice(kind, name)` adds one.
+"""
+
+from .._choices import Choice, choice, choice_names, register_choice
+from ._attractor import (AttractorConstraint, AttractorObjective, BlockNorm, EnergyObjective,
+                         GlobalNorm, PseudoLikelihoodObjective)
+from ._boltzmann import (DQA, BoltzmannInference, BoltzmannMode, BoltzmannSampler, EnergyH,
+                         EnergyHJ, EnergyHJK, EnergyHK, EnergyJ, EnergyJK, EnergyK,
+                         ExactInference, Gibbs, MeanFieldInference, ParallelTempering,
+                         SoftmaxBaseline, TAPInference)
+from ._free_energy import ExplicitSpinCouplings, FreeEnergyCouplings, InputCouplings
+from ._image import ConvEmbedding, ImageEmbedding, PatchEmbedding
+from ._implicit import (AdaptiveTAPOnsager, ExplicitSiteCouplings, ImplicitCouplings,
+                        MLPOnsager, NaiveOnsager, OnsagerTerm, SoftmaxCouplings)
+from ._neurogame import (BanzhafGate, ExactValues, GameEstimator, GameValueFn, IdentityNorm,
+                         LearnedGate, MonteCarloValues, NeuroGameGate, NeuroGameMode,
+                         NoNormalization, NormalizeByPlayers, NormalizeBySum,
+                         OutputNormalization, PaperValues, PooledGame, QueryGames, ReluNorm,
+                         ShapleyGate, TanhNorm)
+from ._pair import PairClsPool, PairMeanPool, PairNGTPool, PairPool
+from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Response,
+                    SpinInit, SpinMode, SpinOutput, SpinUpdate, SteadyState, TAPUpdate,
+                    TimeSteps)
+from ._transformer import MeanPool, NoPool, SequencePool
+
+__all__ = sorted(n for n in dir() if not n.startswith("_") and n[0].isupper()) + [
+    "choice", "choice_names", "register_choice"]

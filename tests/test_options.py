@@ -1,0 +1,129 @@
+"""Options that select behaviour are objects (`spinformer._choices`): one function turns
+names into them, config fields that name one list the registered names, and no module in
+`spinformer.nn` compares an option with a string."""
+
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+import spinformer
+from spinformer import config as C
+from spinformer import nn
+from spinformer._choices import Choice, choice, choice_names, register_choice
+from spinformer._config_io import keys
+
+NN = pathlib.Path(spinformer.__file__).parent / "nn"
+# string comparisons in spinformer/nn that are not about options: a module attribute's name
+# (`__getattr__`) and a pytree path key's name (`param_labels`)
+_NOT_OPTIONS = {("__init__.py", "name"), ("_groups.py", "getattr")}
+
+
+def _string_comparisons(path: pathlib.Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        # `"key" in mapping` looks a key up: only a string compared with `==`/`!=`, or a
+        # collection of strings on the right of `in`, compares a value with names
+        sides = [node.left, *node.comparators]
+        if all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            sides = node.comparators
+        strings = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)
+                   and not isinstance(node.ops[0], (ast.In, ast.NotIn))]
+        strings += [e for s in sides if isinstance(s, (ast.Tuple, ast.Set, ast.List))
+                    for e in s.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if strings:
+            left = node.left
+            what = (left.id if isinstance(left, ast.Name)
+                    else left.func.id if isinstance(left, ast.Call)
+                    and isinstance(left.func, ast.Name) else ast.unparse(left))
+            yield node.lineno, what, ast.unparse(node)
+
+
+def test_no_option_is_compared_with_a_string_in_nn():
+    found = [f"{p.name}:{line}: {src}" for p in sorted(NN.glob("*.py"))
+             for line, what, src in _string_comparisons(p)
+             if (p.name, what) not in _NOT_OPTIONS]
+    assert not found, "option values compared with strings:\n" + "\n".join(found)
+
+
+def test_the_scan_finds_a_comparison(tmp_path):
+    """The check above can fail: it sees `==`, `!=` and `in` against string literals."""
+    src = tmp_path / "m.py"
+    src.write_text("def f(self, u, d):\n    a = self.mode == 'steps'\n"
+                   "    b = u in ('a', 'b')\n    c = 'key' in d\n    return a, b, c\n")
+    assert [line for line, _, _ in _string_comparisons(src)] == [2, 3]
+
+
+def test_every_option_field_names_registered_objects():
+    """Each config field declared with `kind=` lists exactly the registered names, its
+    default is one of them, and `nn.section_kwargs` turns it into that object."""
+    seen = 0
+    for reg in nn._registry.registrations():
+        if reg.config is None:
+            continue
+        section = reg.config()
+        built = nn._registry.section_kwargs(section)
+        for f in dataclasses.fields(reg.config):
+            kind = f.metadata.get("kind")
+            if kind is None:
+                continue
+            seen += 1
+            assert keys(reg.config)[f.name].choices == choice_names(kind)
+            value = getattr(section, f.name)
+            assert value in choice_names(kind)
+            assert isinstance(built[f.name], Choice) and built[f.name].name == value
+            assert type(built[f.name]) is type(choice(kind, value))
+    assert seen >= 8  # spin (4), boltzmann (2), implicit (2), free energy, neurogame, ...
+
+
+def test_choice_resolves_names_and_refuses_the_rest():
+    tap = choice("spin.update", "tap")
+    assert str(tap) == "tap" and choice("spin.update", tap) is tap
+    assert choice("spin.update", "tap") == tap  # options compare by value (hashable)
+    assert hash(tap) == hash(choice("spin.update", "tap"))
+    with pytest.raises(ValueError, match=r"update='tapp' is not one of \['mean_field', "
+                       r"'tap'\]\. Did you mean 'tap'\?"):
+        choice("spin.update", "tapp", where="update")
+    with pytest.raises(TypeError, match="not a spin.update option"):
+        choice("spin.update", choice("spin.mode", "steps"))
+    with pytest.raises(TypeError, match="expected one of"):
+        choice("spin.update", 3)
+    with pytest.raises(ValueError, match="SpinAttention: update='x' is not one of"):
+        nn.SpinAttention(8, 2, update="x", key=__import__("jax").random.key(0))
+    # the config refuses unknown names with the same list, and renamed ones with the new name
+    with pytest.raises(C.ConfigError, match=r"model.spin.update: 'x' is not one of"):
+        C.load_config(None, ["model.spin.update=x"])
+    with pytest.raises(C.ConfigError, match="now called 'mean_field'"):
+        C.load_config(None, ["model.spin.update=naive"])
+
+
+def test_register_choice_checks_its_class():
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        register_choice("test.kind", "x")(type("X", (Choice,), {}))
+    with pytest.raises(TypeError, match="must subclass"):
+        register_choice("test.kind", "x")(dataclasses.dataclass(frozen=True)(
+            type("Y", (), {})))
+
+    @register_choice("test.kind", "a")
+    @dataclasses.dataclass(frozen=True)
+    class A(Choice):
+        size: int = 1
+
+    assert choice("test.kind", "a") == A() and choice("test.kind", A(3)).size == 3
+    with pytest.raises(ValueError, match="already A"):
+        register_choice("test.kind", "a")(
+            dataclasses.dataclass(frozen=True)(type("B", (Choice,), {})))
+    spinformer._choices._KINDS.pop("test.kind")
+
+
+def test_module_holds_objects_built_from_names_or_objects():
+    import jax
+
+    a = nn.SpinAttention(8, 2, mode="steps", init="learned", update="mean_field",
+                         key=jax.random.key(0))
+    b = nn.SpinAttention(8, 2, mode=nn.options.TimeSteps(), init=nn.options.Learned(),
+                         update=nn.options.MeanFieldUpdate(), key=jax.random.key(0))
+    assert isinstance(a.mode, nn.options.SpinMode) and a.mode.steps and a.init.learned
+    assert bool(__import__("equinox").tree_equal(a, b))
