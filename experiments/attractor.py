@@ -14,9 +14,9 @@ second one on 4×4 patches is trained for the patch-variance figure. The baselin
 patches) are trained by backpropagation on each task separately (MSE to the clean image).
 
 Runs go to `--runs` (default `runs/attractor_<config>/<model>`): a checksummed checkpoint
-(`train.save_checkpoint`: model, optimiser state, and the run's state as metadata) written
-after every epoch (and on SIGINT/SIGTERM), so a killed run resumes at its
-last epoch; a finished run (`done: true`) is skipped. `report` writes `--results` (default
+(`train.save_checkpoint`: the `train.RunState` (model, optimiser state, step), and the run's
+state dict as metadata) written after every epoch (and on SIGINT/SIGTERM), so a killed run
+resumes at its last epoch; a finished run (`done: true`) is skipped. `report` writes `--results` (default
 `experiments/results/attractor`): `results.json` (every curve), `attractor.md` (tables) and the
 figures `mse_vs_t.png` (the paper's Fig. 1), `reconstructions.png`, `patch_variance.png`
 (Fig. 2) and `global_attractor.png`.
@@ -171,14 +171,33 @@ def _trained(runs, name) -> bool:
     return bool(sf.train.list_checkpoints(pathlib.Path(runs) / name))
 
 
+def _optimizer(cfg, name, total):
+    """The optax optimizer of a baseline run, its cosine schedule `total` steps long; None for
+    the attractor nets (trained by `nn.attractor_sgd_step`)."""
+    if name.startswith("attractor"):
+        return None
+    c = cfg[name.split("_")[0]]
+    sched = optax.cosine_decay_schedule(float(c["lr"]), total, alpha=0.05)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
+
+
+def _initial_state(model, opt):
+    """The `train.RunState` before the first step (the optimiser state over every array)."""
+    opt_state = None if opt is None else opt.init(eqx.filter(model, eqx.is_array))
+    return sf.train.RunState(model, opt_state, step=0)
+
+
 def load_model(cfg, name, image_shape, runs):
     """The trained model of run `name` (its newest checkpoint) and its state dict."""
     model = build(cfg, name, image_shape)
-    got = sf.train.load_latest(pathlib.Path(runs) / name, (model, None))
+    # (the schedule's length does not change the optimiser state's structure)
+    like = _initial_state(model, _optimizer(cfg, name, total=1))
+    got = sf.train.load_latest(pathlib.Path(runs) / name, like)
     if got is None:
         raise FileNotFoundError(f"{name}: no checkpoint in {pathlib.Path(runs) / name}; "
                                 f"train it first (`run --only {name}`).")
-    return got[1], got[3]
+    run, state = got
+    return run.model, state
 
 
 def train_model(cfg, name, images, runs, *, progress=True):
@@ -195,34 +214,39 @@ def train_model(cfg, name, images, runs, *, progress=True):
     per = _steps_per_epoch(len(train), int(c["batch_size"]))
     total = per * int(c["epochs"])
     seed = int(cfg["seed"]) * 1000 + MODELS.index(name)
+    opt = _optimizer(cfg, name, total)
 
+    # each step maps the run state (model, optimiser state, step) to the next
     if is_attr:
-        opt = opt_state = None
-        step_fn = eqx.filter_jit(
-            lambda m, b: sf.nn.attractor_sgd_step(m, b, lr=float(c["lr"]), clip=float(c["clip"]),
-                                                  objective=c["objective"]))
+        @eqx.filter_jit
+        def step_fn(run, b):
+            m, metrics = sf.nn.attractor_sgd_step(run.model, b, lr=float(c["lr"]),
+                                                  clip=float(c["clip"]),
+                                                  objective=c["objective"])
+            return sf.train.RunState(m, None, step=run.step + 1), metrics
     else:
-        sched = optax.cosine_decay_schedule(float(c["lr"]), total, alpha=0.05)
-        opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
-        opt_state = opt.init(eqx.filter(model, eqx.is_array))
         lo, hi = (int(v) for v in c["iterations"])
         P = int(c["patch"])
 
         @eqx.filter_jit
-        def step_fn(m, s, inp, tgt, tau):
+        def step_fn(run, inp, tgt, tau):
             def loss(m):
                 out = jax.vmap(lambda p: m(p, tau, max_iterations=hi))(inp)
                 return jnp.mean((out - tgt) ** 2)
 
+            m = run.model
             value, g = eqx.filter_value_and_grad(loss)(m)
-            upd, s = opt.update(g, s, eqx.filter(m, eqx.is_array))
-            return eqx.apply_updates(m, upd), s, {"loss": value}
+            upd, s = opt.update(g, run.opt_state, eqx.filter(m, eqx.is_array))
+            return sf.train.RunState(eqx.apply_updates(m, upd), s, step=run.step + 1), \
+                {"loss": value}
 
+    # `run` is the run state; `state` the run's metadata (saved with it in every checkpoint)
+    run = _initial_state(model, opt)
     state = {"name": name, "done": False, "epoch": 0, "step": 0, "wall_s": 0.0, "loss": [],
              "steps_per_epoch": per, "epochs": int(c["epochs"])}
-    got = sf.train.load_latest(run_dir, (model, opt_state))
+    got = sf.train.load_latest(run_dir, run)
     if got is not None:
-        _, model, opt_state, state = got
+        run, state = got
         state["epochs"] = int(c["epochs"])
         state["done"] = state["step"] >= total
     if state["done"]:
@@ -241,14 +265,13 @@ def train_model(cfg, name, images, runs, *, progress=True):
             step = state["step"]
             clean = _batch(train, step, int(c["batch_size"]), seed)
             if is_attr:
-                model, m = step_fn(model, clean)
+                run, m = step_fn(run, clean)
             else:
                 rng = np.random.default_rng([seed, step])
                 tau = int(rng.integers(lo, hi + 1))
                 inp = corrupt(cfg, clean, task, split="train", index=step)
-                model, opt_state, m = step_fn(
-                    model, opt_state, patchify(inp, P, batch_dims=1),
-                    patchify(clean, P, batch_dims=1), jnp.asarray(tau))
+                run, m = step_fn(run, patchify(inp, P, batch_dims=1),
+                                 patchify(clean, P, batch_dims=1), jnp.asarray(tau))
             running.append(m["loss"])
             state["step"] = step + 1
             if bar is not None:
@@ -265,7 +288,7 @@ def train_model(cfg, name, images, runs, *, progress=True):
                     running = []
                 state["wall_s"] = wall0 + time.time() - t0
                 state["done"] = state["step"] >= total
-                sf.train.save_checkpoint(run_dir, state["step"], model, opt_state, state)
+                sf.train.save_checkpoint(run_dir, run, state)  # step: run.step
                 if bar is not None and end_epoch:
                     bar.set_postfix(epoch=state["epoch"], loss=f"{loss:.4g}")
                 if stop.received is not None:

@@ -38,10 +38,11 @@ def tiny_cfg(**changes):
 
 
 def setup(cfg):
+    """`(dataset, model, optimizer, state)`, `state` the `RunState` before the first step."""
     ds = train.build_dataset(cfg)
     model = train.build_model(cfg, ds, key=jax.random.key(0))
     opt = train.build_optimizer(cfg)
-    return ds, model, opt, train.init_opt_state(opt, model)
+    return ds, model, opt, train.RunState.init(model, opt)
 
 
 def max_diff(a, b) -> float:
@@ -56,12 +57,12 @@ def check_step(mesh_spec, accumulate=1):
     ds, model, opt, state = setup(cfg)
     batch = ds.batch(0)
     key = jax.random.key(3)
-    m1, s1, met1 = train.jit_step(opt)(model, state,
-                                      {k: jnp.asarray(v) for k, v in batch.items()}, key)
+    r1, met1 = train.jit_step(opt)(state, {k: jnp.asarray(v) for k, v in batch.items()}, key)
     mesh = _mesh.make_mesh(mesh_spec)
-    model_s, state_s = _mesh.place_state((model, state), mesh)
-    m2, s2, met2 = train.jit_step(opt, mesh=mesh)(model_s, state_s,
-                                                  _mesh.shard_batch(batch, mesh), key)
+    r2, met2 = train.jit_step(opt, mesh=mesh)(_mesh.place_state(state, mesh),
+                                              _mesh.shard_batch(batch, mesh), key)
+    (m1, s1), (m2, s2) = (r1.model, r1.opt_state), (r2.model, r2.opt_state)
+    assert int(r1.step) == int(r2.step) == 1
     moved = max_diff(model, m1)
     specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(eqx.filter(m2, eqx.is_array))})
     ndev = {len(x.sharding.device_set) for x in jax.tree.leaves(eqx.filter(m2, eqx.is_array))}
@@ -107,12 +108,12 @@ def check_resume(root):
     (root / "remeshed" / "summary.json").unlink()
     train.run(cfg.replace({"train.mesh": {"data": 2}}), root / "remeshed", resume=True)
     _, model, _, state = setup(cfg)
-    got = [train.read_checkpoint(root / d / "ckpt-00000006.ckpt", (model, state))
+    got = [train.read_checkpoint(root / d / "ckpt-00000006.ckpt", state)[0].model
            for d in ("full", "remeshed")]
     print(json.dumps({"check": "resume", "same_payload": header(a)["sha256"] ==
                       header(b)["sha256"], "sha": header(a)["sha256"][:12],
-                      "remeshed_diff": max_diff(got[0][1], got[1][1]),
-                      "moved": max_diff(model, got[0][1])}))
+                      "remeshed_diff": max_diff(got[0], got[1]),
+                      "moved": max_diff(model, got[0])}))
 
 
 def check_accumulate():
@@ -123,20 +124,21 @@ def check_accumulate():
     ds, model, opt, state = setup(cfg)
     full = ds.batch(0)
     halves = {k: np.stack([v[:4], v[4:]]) for k, v in full.items()}
-    one = train.jit_step(opt)(model, state, {k: jnp.asarray(v) for k, v in full.items()})
-    two = train.jit_step(opt, accumulate=2)(model, state,
+    one = train.jit_step(opt)(state, {k: jnp.asarray(v) for k, v in full.items()})
+    two = train.jit_step(opt, accumulate=2)(state,
                                             {k: jnp.asarray(v) for k, v in halves.items()})
-    print(json.dumps({"check": "accumulate", "param_diff": max_diff(one[0], two[0]),
-                      "moved": max_diff(model, one[0]),
-                      "loss": [float(one[2]["loss"]), float(two[2]["loss"])]}))
+    print(json.dumps({"check": "accumulate", "param_diff": max_diff(one[0].model, two[0].model),
+                      "moved": max_diff(model, one[0].model),
+                      "loss": [float(one[1]["loss"]), float(two[1]["loss"])]}))
 
 
 def check_bfloat16():
     cfg = tiny_cfg(**{"model.dim": 32, "train.warmup_steps": 0})
     ds, model, opt, state = setup(cfg)
     batch = {k: jnp.asarray(v) for k, v in ds.batch(0).items()}
-    m32, _, met32 = train.jit_step(opt)(model, state, batch)
-    m16, _, met16 = train.jit_step(opt, precision="bfloat16")(model, state, batch)
+    (r32, met32), (r16, met16) = (train.jit_step(opt, precision=p)(state, batch)
+                                  for p in ("float32", "bfloat16"))
+    m32, m16 = r32.model, r16.model
     dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(eqx.filter(m16, eqx.is_inexact_array))})
     print(json.dumps({"check": "bfloat16", "loss": [float(met32["loss"]), float(met16["loss"])],
                       "param_diff": max_diff(m32, m16), "moved": max_diff(model, m32),
@@ -150,13 +152,14 @@ def model_axis_cfg(checkpointer):
 
 
 def read_orbax(run_dir):
-    """The newest orbax checkpoint of a `model_axis_cfg` run, on one device."""
+    """The initial model and `(step, state, meta)` of the newest orbax checkpoint of a
+    `model_axis_cfg` run, on one device."""
     from spinformer.train import _orbax
 
     cfg = model_axis_cfg("orbax")
     _, model, _, state = setup(cfg)
-    got = _orbax.OrbaxCheckpoints(run_dir).restore_latest((model, state))
-    return model, got
+    got, meta = _orbax.OrbaxCheckpoints(run_dir).restore_latest(state)
+    return model, (int(got.step), got, meta)
 
 
 def check_orbax(root):
@@ -169,11 +172,12 @@ def check_orbax(root):
     shutil.rmtree(root / "orbax_cut" / "orbax" / "6")
     (root / "orbax_cut" / "summary.json").unlink()
     train.run(cfg, root / "orbax_cut", resume=True)
-    init, (s_a, m_a, o_a, meta_a) = read_orbax(root / "orbax_full")
-    _, (s_b, m_b, o_b, meta_b) = read_orbax(root / "orbax_cut")
+    init, (s_a, r_a, meta_a) = read_orbax(root / "orbax_full")
+    _, (s_b, r_b, meta_b) = read_orbax(root / "orbax_cut")
     same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
-        jax.tree.leaves(eqx.filter((m_a, o_a), eqx.is_array)),
-        jax.tree.leaves(eqx.filter((m_b, o_b), eqx.is_array))))
+        jax.tree.leaves(eqx.filter(r_a, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(r_b, eqx.is_array))))
+    m_a = r_a.model
     _, _, loaded = train.load_run(root / "orbax_full")
     print(json.dumps({"check": "orbax", "steps": [s_a, s_b], "identical": same,
                       "moved": max_diff(init, m_a), "load_run_diff": max_diff(loaded, m_a),
@@ -203,18 +207,18 @@ def compare_orbax(a, b):
     init, got_a = read_orbax(a)
     _, got_b = read_orbax(b)
     print(json.dumps({"check": "compare_orbax", "steps": [got_a[0], got_b[0]],
-                      "param_diff": max_diff(got_a[1], got_b[1]),
-                      "moved": max_diff(init, got_a[1])}))
+                      "param_diff": max_diff(got_a[1].model, got_b[1].model),
+                      "moved": max_diff(init, got_a[1].model)}))
 
 
 def compare(a, b):
     """Largest parameter difference between the step-6 checkpoints of two run directories."""
     cfg = tiny_cfg()
     _, model, opt, state = setup(cfg)
-    got = [train.read_checkpoint(pathlib.Path(d) / "ckpt-00000006.ckpt", (model, state))
+    got = [train.read_checkpoint(pathlib.Path(d) / "ckpt-00000006.ckpt", state)[0].model
            for d in (a, b)]
-    print(json.dumps({"check": "compare", "param_diff": max_diff(got[0][1], got[1][1]),
-                      "moved": max_diff(model, got[0][1])}))
+    print(json.dumps({"check": "compare", "param_diff": max_diff(got[0], got[1]),
+                      "moved": max_diff(model, got[0])}))
 
 
 if __name__ == "__main__":

@@ -284,8 +284,8 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
                      "--set", *over]) == 0
     def state():  # the run's state, stored as its newest checkpoint's metadata
         path = sf.train.list_checkpoints(runs / "attractor")[-1][1]
-        return sf.train.read_checkpoint(path, (exp.build(exp.load_config(cfg_path), "attractor",
-                                                         (8, 8)), None))[3]
+        return sf.train.read_checkpoint(path, sf.train.RunState.init(
+            exp.build(exp.load_config(cfg_path), "attractor", (8, 8)), None))[1]
 
     s0 = state()
     # asking for more epochs resumes from the saved one rather than starting over

@@ -551,10 +551,11 @@ def test_tagger_trains():
     opt = train.make_optimizer(steps=30, lr=3e-2)
     state = jax.jit(opt.init)(eqx.filter(model, eqx.is_inexact_array))
     batch = ds.batch(0)
-    m, losses = model, []
+    run, losses = train.RunState(model, state, step=0), []
     for _ in range(30):
-        m, state, metrics = train.make_step(m, state, batch, optimizer=opt)
+        run, metrics = train.make_step(run, batch, optimizer=opt)
         losses.append(float(metrics["loss"]))
+    m = run.model
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses
     a0, a1 = model.transformer.blocks.attention, m.transformer.blocks.attention
     for name in ("J", "K"):  # the couplings learn

@@ -211,12 +211,12 @@ def test_full_disk_during_training_names_the_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "run"
     real_save = _checkpoint.save_checkpoint
 
-    def save(directory, step, *args, **kwargs):
-        if step == 2:
+    def save(directory, state, *args, **kwargs):
+        if int(state.step) == 2:
             partial = pathlib.Path(directory) / "ckpt-00000002.ckpt.tmp"
-            partial.write_bytes(b"SPINFORMER-CKPT 1\n{")
+            partial.write_bytes(_checkpoint.MAGIC + b"{")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_save(directory, step, *args, **kwargs)
+        return real_save(directory, state, *args, **kwargs)
 
     monkeypatch.setattr(_checkpoint, "save_checkpoint", save)
     msg = refused(lambda: train.run(cfg, out), f"writing to run directory {out} failed",
@@ -225,11 +225,11 @@ def test_full_disk_during_training_names_the_checkpoint(tmp_path, monkeypatch):
     assert "free some space" in msg
     assert not list(out.glob("*.tmp"))
     like = train.build_model(cfg, train.build_dataset(cfg), key=jax.random.key(0))
-    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
+    like = train.RunState.init(like, train.build_optimizer(cfg))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # intact: read without a warning
-        step, *_ = train.load_latest(out, like)
-    assert step == 1 and C.load_config(out / "config.yaml") == cfg
+        got, _ = train.load_latest(out, like)
+    assert int(got.step) == 1 and C.load_config(out / "config.yaml") == cfg
 
 
 RUNS = {  # what a directory holds -> what the refusal names
@@ -822,14 +822,14 @@ def test_idx_path_that_cannot_be_read(tmp_path):
 
 def saved_checkpoints(directory, steps=(2, 4, 6)):
     """Checkpoints of a small attention module at `steps` (weights shifted by the step);
-    returns `like`, the `(model, opt_state)` structure to read them into."""
+    returns `like`, the `RunState` to read them into."""
     model = nn.SoftmaxAttention(8, 2, key=jax.random.key(0))
-    opt = train.make_optimizer(steps=10, lr=1e-3)
-    state = train.init_opt_state(opt, model)
+    like = train.RunState.init(model, train.make_optimizer(steps=10, lr=1e-3))
     for step in steps:
         bumped = jax.tree.map(lambda x: x + step if eqx.is_inexact_array(x) else x, model)
-        train.save_checkpoint(directory, step, bumped, state, {"data_position": step}, keep=5)
-    return model, state
+        train.save_checkpoint(directory, train.RunState(bumped, like.opt_state, step=step),
+                              {"data_position": step}, keep=5)
+    return like
 
 
 def _flip_last_byte(p):
@@ -840,9 +840,10 @@ def _flip_last_byte(p):
 
 def _other_structure(p):
     model = nn.SoftmaxAttention(16, 2, key=jax.random.key(1))  # another width
-    state = train.init_opt_state(train.make_optimizer(steps=10, lr=1e-3), model)
+    state = train.RunState.init(model, train.make_optimizer(steps=10, lr=1e-3))
     p.unlink()
-    train.save_checkpoint(p.parent, 6, model, state, {"data_position": 6}, keep=5)
+    train.save_checkpoint(p.parent, train.RunState(model, state.opt_state, step=6),
+                          {"data_position": 6}, keep=5)
 
 
 def _directory(p):
@@ -871,9 +872,9 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(tmp_path, name):
     newest = _checkpoint.checkpoint_path(tmp_path, 6)
     damage(newest)
     with pytest.warns(UserWarning, match=re.escape(fragment)) as caught:
-        step, model, _, meta = train.load_latest(tmp_path, like)
-    assert step == 4 and meta["data_position"] == 4
-    np.testing.assert_allclose(model.to_q.weight, like[0].to_q.weight + 4)
+        got, meta = train.load_latest(tmp_path, like)
+    assert int(got.step) == 4 and meta["data_position"] == 4
+    np.testing.assert_allclose(got.model.to_q.weight, like.model.to_q.weight + 4)
     assert any(str(newest) in str(w.message) for w in caught)
 
 
@@ -892,11 +893,12 @@ def test_load_run_skips_a_corrupt_checkpoint(tmp_path):
     cfg = tiny_cfg()
     ds = train.build_dataset(cfg)
     model = train.build_model(cfg, ds, key=jax.random.key(0))
-    state = train.init_opt_state(train.build_optimizer(cfg), model)
+    state = train.RunState.init(model, train.build_optimizer(cfg))
     C.save_config(cfg, tmp_path / "config.yaml")
     for step in (1, 2):
         bumped = jax.tree.map(lambda x: x + step if eqx.is_inexact_array(x) else x, model)
-        train.save_checkpoint(tmp_path, step, bumped, state, {"data_position": step})
+        train.save_checkpoint(tmp_path, train.RunState(bumped, state.opt_state, step=step),
+                              {"data_position": step})
     _flip_last_byte(_checkpoint.checkpoint_path(tmp_path, 2))
     with pytest.warns(UserWarning, match="checksum mismatch"):
         _, _, loaded = train.load_run(tmp_path)
@@ -957,16 +959,17 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     # a skipped step changes nothing: stepping by hand, the state after the poisoned batch
     # equals the state before it
     step = train.jit_step(opt)
-    state = train.init_opt_state(opt, model)
-    m, s = model, state
+    state = train.RunState.init(model, opt)
     for i in range(2):
-        m, s, _ = step(m, s, {k: jnp.asarray(v) for k, v in ds.batch(i).items()},
-                       jax.random.fold_in(jax.random.key(0), i))
+        state, _ = step(state, {k: jnp.asarray(v) for k, v in ds.batch(i).items()},
+                        jax.random.fold_in(jax.random.key(0), i))
     poisoned = _Poisoned(ds, {2}).batch(2)
-    m2, s2, met = step(m, s, {k: jnp.asarray(v) for k, v in poisoned.items()},
-                       jax.random.fold_in(jax.random.key(0), 2))
+    after, met = step(state, {k: jnp.asarray(v) for k, v in poisoned.items()},
+                      jax.random.fold_in(jax.random.key(0), 2))
     assert float(met["bad_step"]) == 1.0
-    for a, b in zip(_state_leaves(m, s), _state_leaves(m2, s2)):
+    assert int(after.step) == int(state.step) + 1 == 3  # the data position advances
+    for a, b in zip(_state_leaves(state.model, state.opt_state),
+                    _state_leaves(after.model, after.opt_state)):
         np.testing.assert_array_equal(a, b)
     # too many in a row: the run stops with a message and keeps a checkpoint
     with pytest.raises(FloatingPointError, match="diverged at step 5: 3 steps in a row"):

@@ -93,11 +93,13 @@ def test_state_reaches_the_attention_and_no_gradient_flows_back(stream, model):
     # the training step carries diagnostics.state out; it equals two calls by hand
     opt = train.make_optimizer(steps=10, lr=1e-2)
     step = train.jit_step(opt)
-    m1, o1, met0, s1 = step(model, train.init_opt_state(opt, model), b0, None, zeros)
+    r1, met0 = step(train.RunState.init(model, opt, stream=zeros), b0)
+    m1, s1 = r1.model, r1.stream
     logits0, want_s1 = _manual(model, b0["inputs"], zeros)
     np.testing.assert_allclose(s1, want_s1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(met0["loss"], _ce(logits0, b0["targets"]), rtol=1e-5)
-    _, _, met1, s2 = step(m1, o1, b1, None, s1)
+    r2, met1 = step(r1, b1)
+    s2 = r2.stream
     logits1, want_s2 = _manual(m1, b1["inputs"], s1)
     np.testing.assert_allclose(met1["loss"], _ce(logits1, b1["targets"]), rtol=1e-5)
     np.testing.assert_allclose(s2, want_s2, rtol=1e-5, atol=1e-6)
@@ -106,7 +108,7 @@ def test_state_reaches_the_attention_and_no_gradient_flows_back(stream, model):
     assert float(jnp.max(jnp.abs(fresh - logits1))) > 1e-3
     # ... and a batch that starts its streams resets it to zeros ("no history")
     restart = {**b1, "start": jnp.ones((B,), bool)}
-    *_, s_restart = step(model, train.init_opt_state(opt, model), restart, None, s1)
+    s_restart = step(train.RunState.init(model, opt, stream=s1), restart)[0].stream
     np.testing.assert_allclose(s_restart, _manual(model, b1["inputs"], zeros)[1], rtol=1e-5,
                                atol=1e-6)
 
@@ -137,6 +139,36 @@ def test_state_reaches_the_attention_and_no_gradient_flows_back(stream, model):
     want = (_ce(l0, v0["targets"]) + _ce(l1, v1["targets"])) / 2
     np.testing.assert_allclose(got["loss"], float(want), rtol=1e-5)
     assert set(got) >= {"entropy_production", "entropy_production/0", "entropy_production/1"}
+
+
+def test_step_maps_a_run_state_to_the_next_in_both_modes(stream, model):
+    """`jit_step` returns `(state, metrics)` with or without a carried stream state, and
+    counts the step; a skipped (non-finite) step counts too."""
+    opt = train.make_optimizer(steps=10, lr=1e-2)
+    step = train.jit_step(opt)
+    b0 = _device(stream.batch(0))
+    for carried in (None, train.init_stream_state(model, b0)):
+        out = step(train.RunState.init(model, opt, stream=carried), b0)
+        assert len(out) == 2
+        state, metrics = out
+        assert isinstance(state, train.RunState) and "loss" in metrics
+        assert state.step.dtype == jnp.int32 and int(state.step) == 1
+        assert (state.stream is None) == (carried is None)
+        if carried is not None:
+            assert state.stream.shape == carried.shape
+        state, _ = step(state, b0)
+        assert int(state.step) == 2
+    # make_step likewise
+    state, metrics = train.make_step(train.RunState.init(model, opt), b0, optimizer=opt)
+    assert int(state.step) == 1 and "loss" in metrics
+    # a skipped step leaves model and optimiser state, and advances the step
+    broken = jax.tree.map(lambda x: x * jnp.inf if eqx.is_inexact_array(x) else x, model)
+    start = train.RunState.init(broken, opt)
+    skipped, metrics = step(start, b0)
+    assert float(metrics["bad_step"]) == 1.0 and int(skipped.step) == 1
+    for x, y in zip(_leaves((start.model, start.opt_state)),
+                    _leaves((skipped.model, skipped.opt_state))):
+        np.testing.assert_array_equal(x, y)
 
 
 # ------------------------------------------------------------- entropy production and local
@@ -265,21 +297,23 @@ def test_stream_run_resumes_bit_identically_with_per_layer_metrics(tmp_path, tex
     assert resumed["metrics"] == full["metrics"] and resumed["steps"] == 6
     assert len(steps) == 1
 
-    # the checkpoints hold the model, the optimiser state and the carried state, bitwise equal
+    # the checkpoints hold the run state: model, optimiser state, carried state and step,
+    # bitwise equal
     ds = train.build_dataset(cfg)
     model = train.build_model(cfg, ds, key=jax.random.key(0))
-    opt_state = train.init_opt_state(train.build_optimizer(cfg), model)
-    like = (model, (opt_state, train.init_stream_state(model, ds.batch(0))))
-    _, a, (sa, carried_a), _ = train.load_latest(tmp_path / "full", like)
-    _, b, (sb, carried_b), _ = train.load_latest(tmp_path / "cut", like)
-    assert np.any(np.asarray(carried_a))
-    for x, y in zip(_leaves((a, sa, carried_a)), _leaves((b, sb, carried_b))):
+    plain = train.RunState.init(model, train.build_optimizer(cfg))
+    like = train.RunState.init(model, train.build_optimizer(cfg),
+                               stream=train.init_stream_state(model, ds.batch(0)))
+    a, _ = train.load_latest(tmp_path / "full", like)
+    b, _ = train.load_latest(tmp_path / "cut", like)
+    assert np.any(np.asarray(a.stream)) and int(a.step) == int(b.step) == 6
+    for x, y in zip(_leaves(a), _leaves(b)):
         np.testing.assert_array_equal(x, y)
-    # load_run reads it, and so do readers that ask for (model, opt_state) only (the carried
-    # state is written last)
+    # load_run reads it, and so do readers whose `like` has no stream state (the file's
+    # carried state comes back with the rest)
     _, _, loaded = train.load_run(tmp_path / "cut")
-    _, plain, plain_state, _ = train.load_latest(tmp_path / "cut", (model, opt_state))
-    for x, y in zip(_leaves((loaded, plain, plain_state)), _leaves((a, a, sa))):
+    got, _ = train.load_latest(tmp_path / "cut", plain)
+    for x, y in zip(_leaves((loaded, got)), _leaves((a.model, a))):
         np.testing.assert_array_equal(x, y)
 
     def strip(path):

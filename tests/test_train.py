@@ -1,3 +1,5 @@
+import hashlib
+import io
 import json
 import warnings
 
@@ -34,14 +36,14 @@ def test_make_step_learns_and_groups():
     assert labels.count("couplings") == 2 and labels.count("default") > 2
     # couplings frozen (lr 0): only they stay put
     opt = train.make_optimizer(steps=20, lr=3e-2, coupling_lr=0.0)
-    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    state = train.RunState.init(model, opt)
     batch = {k: jnp.asarray(v) for k, v in ds.batch(0).items()}
     first = None
-    m = model
     for _ in range(20):
-        m, state, metrics = train.make_step(m, state, batch, optimizer=opt)
+        state, metrics = train.make_step(state, batch, optimizer=opt)
         first = float(metrics["loss"]) if first is None else first
-    assert float(metrics["loss"]) < first - 0.3
+    assert float(metrics["loss"]) < first - 0.3 and int(state.step) == 20
+    m = state.model
     attn0 = model.transformer.blocks.attention
     attn1 = m.transformer.blocks.attention
     np.testing.assert_array_equal(attn0.to_q.weight, attn1.to_q.weight)
@@ -68,10 +70,10 @@ def test_step_key_is_explicit_and_compiles_once(tmp_path):
     assert traces.count(True) == 1  # six training steps, one trace
     # the key decides the dropout mask: same key, same step; another key, another step
     step = train.jit_step(opt)
-    state = train.init_opt_state(opt, model)
+    state = train.RunState.init(model, opt)
     batch = {k: jnp.asarray(v) for k, v in ds.batch(0).items()}
     k0, k1 = jax.random.key(1), jax.random.key(2)
-    a, b, c = (float(step(model, state, batch, k)[2]["loss"]) for k in (k0, k0, k1))
+    a, b, c = (float(step(state, batch, k)[1]["loss"]) for k in (k0, k0, k1))
     assert a == b and a != c
     assert traces.count(True) == 2
 
@@ -90,10 +92,13 @@ def test_divergence_skips_then_stops_naming_the_checkpoint(tmp_path):
     # (parameters and optimiser state unchanged by a skipped step)
     ds = train.build_dataset(cfg)
     like = train.build_model(cfg, ds, key=jax.random.key(0))
-    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
+    like = train.RunState.init(like, train.build_optimizer(cfg))
     got = [train.read_checkpoint(p, like) for _, p in train.list_checkpoints(tmp_path)]
-    assert len(got) == 3 and got[-1][3]["bad_steps"] == recs[-1]["bad_steps"]
-    states = [jax.tree.leaves(eqx.filter((m, o), eqx.is_array)) for _, m, o, _ in got]
+    assert len(got) == 3 and got[-1][1]["bad_steps"] == recs[-1]["bad_steps"]
+    # (the step counts the skipped steps: the data position advanced)
+    assert [int(s.step) for s, _ in got] == [s for s, _ in train.list_checkpoints(tmp_path)]
+    states = [jax.tree.leaves(eqx.filter((s.model, s.opt_state), eqx.is_array))
+              for s, _ in got]
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in states[-1] if x.dtype.kind == "f")
     for other in states[:-1]:
         assert all(bool(jnp.array_equal(a, b)) for a, b in zip(other, states[-1]))
@@ -117,8 +122,8 @@ def test_solver_statistics_per_layer(tmp_path):
     assert all({"backward_steps/0", "backward_steps/1"} <= set(r) for r in train_recs)
     ds = train.build_dataset(cfg)
     like = train.build_model(cfg, ds, key=jax.random.key(0))
-    like = (like, train.init_opt_state(train.build_optimizer(cfg), like))
-    _, trained, _, _ = train.load_latest(tmp_path, like)
+    like = train.RunState.init(like, train.build_optimizer(cfg))
+    trained = train.load_latest(tmp_path, like)[0].model
     is_implicit = lambda x: isinstance(x, solvers.Implicit)  # noqa: E731
     probes = [x.probe for x in jax.tree.leaves(trained, is_leaf=is_implicit) if is_implicit(x)]
     assert probes and all(not np.any(np.asarray(p)) for p in probes)
@@ -137,21 +142,21 @@ def test_schedule_warmup_cosine():
 def test_checkpoints_atomic_keep_and_corrupt(tmp_path):
     model = nn.SoftmaxAttention(8, 2, key=jax.random.key(0))
     opt = train.make_optimizer(steps=10, lr=1e-3)
-    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
-    like = (model, state)
+    like = train.RunState.init(model, opt)
     for step in (2, 4, 6, 8):
         bumped = jax.tree.map(lambda x: x + step if eqx.is_inexact_array(x) else x, model)
-        train.save_checkpoint(tmp_path, step, bumped, state, {"data_position": step}, keep=3)
+        train.save_checkpoint(tmp_path, train.RunState(bumped, like.opt_state, step=step),
+                              {"data_position": step}, keep=3)
     assert [s for s, _ in train.list_checkpoints(tmp_path)] == [4, 6, 8]
-    step, m, _, meta = train.load_latest(tmp_path, like)
-    assert step == 8 and meta["data_position"] == 8
-    np.testing.assert_allclose(m.to_q.weight, model.to_q.weight + 8)
+    got, meta = train.load_latest(tmp_path, like)
+    assert int(got.step) == 8 and meta["data_position"] == 8
+    np.testing.assert_allclose(got.model.to_q.weight, model.to_q.weight + 8)
     # truncate the newest: the previous one is used, with a warning
     p8 = train.list_checkpoints(tmp_path)[-1][1]
     p8.write_bytes(p8.read_bytes()[:-10])
     with pytest.warns(UserWarning, match="truncated"):
-        step, m, _, _ = train.load_latest(tmp_path, like)
-    assert step == 6
+        got, _ = train.load_latest(tmp_path, like)
+    assert int(got.step) == 6
     # flip one payload byte of the next: checksum mismatch
     p6 = train.list_checkpoints(tmp_path)[-2][1]
     raw = bytearray(p6.read_bytes())
@@ -159,8 +164,67 @@ def test_checkpoints_atomic_keep_and_corrupt(tmp_path):
     p6.write_bytes(bytes(raw))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        step, *_ = train.load_latest(tmp_path, like)
-    assert step == 4 and any("checksum" in str(x.message) for x in w)
+        got, _ = train.load_latest(tmp_path, like)
+    assert int(got.step) == 4 and any("checksum" in str(x.message) for x in w)
+
+
+def _write_v1_checkpoint(directory, step, payload_tree, meta):
+    """A checkpoint file as version 1 wrote it: magic `SPINFORMER-CKPT 1`, a JSON header
+    with the step, then `eqx.tree_serialise_leaves` of a tuple (no `RunState`)."""
+    buf = io.BytesIO()
+    eqx.tree_serialise_leaves(buf, payload_tree)
+    payload = buf.getvalue()
+    header = {"step": step, "meta": meta, "payload_bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ckpt-{step:08d}.ckpt"
+    path.write_bytes(b"SPINFORMER-CKPT 1\n" + json.dumps(header).encode() + b"\n" + payload)
+    return path
+
+
+def test_version_1_checkpoints_are_read_into_a_run_state(tmp_path):
+    model = nn.SoftmaxAttention(8, 2, key=jax.random.key(0))
+    opt = train.make_optimizer(steps=10, lr=1e-3)
+    like = train.RunState.init(model, opt)
+    bumped = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)
+    opt_state = jax.tree.map(lambda x: x + 2 if eqx.is_inexact_array(x) else x, like.opt_state)
+    # (model, opt_state): a run without a carried state
+    path = _write_v1_checkpoint(tmp_path / "plain", 5, (bumped, opt_state),
+                                {"data_position": 5})
+    assert path.read_bytes().startswith(b"SPINFORMER-CKPT 1\n")
+    state, meta = train.read_checkpoint(path, like)
+    assert isinstance(state, train.RunState) and state.stream is None
+    assert int(state.step) == 5 and state.step.dtype == jnp.int32 and meta["data_position"] == 5
+    for x, y in zip(_leaves(state), _leaves(train.RunState(bumped, opt_state, step=5))):
+        np.testing.assert_array_equal(x, y)
+    state, _ = train.load_latest(tmp_path / "plain", like)
+    assert int(state.step) == 5
+    # (model, (opt_state, carried)): a streaming run
+    carried = jnp.arange(12.0).reshape(4, 3)
+    path = _write_v1_checkpoint(tmp_path / "stream", 7, (bumped, (opt_state, carried)),
+                                {"data_position": 7})
+    streaming = train.RunState.init(model, opt, stream=jnp.zeros((4, 3)))
+    state, meta = train.read_checkpoint(path, streaming)
+    assert int(state.step) == 7 and meta["data_position"] == 7
+    np.testing.assert_array_equal(state.stream, carried)
+    for x, y in zip(_leaves(state),
+                    _leaves(train.RunState(bumped, opt_state, carried, step=7))):
+        np.testing.assert_array_equal(x, y)
+    # ... which a reader without a stream state reads as (model, opt_state), as version 1 did
+    state, _ = train.read_checkpoint(path, like)
+    assert state.stream is None
+    np.testing.assert_array_equal(state.model.to_q.weight, bumped.to_q.weight)
+    # a version 1 file that does not fit is reported like any other
+    with pytest.raises(train.CorruptCheckpoint, match="does not fit"):
+        train.read_checkpoint(_write_v1_checkpoint(tmp_path / "bad", 6, (bumped,), {}),
+                              streaming)
+    # and a resave is version 2, step and stream state inside the payload
+    again = train.save_checkpoint(tmp_path / "v2", train.RunState(bumped, opt_state, carried,
+                                                                  step=7), {})
+    assert again.read_bytes().startswith(b"SPINFORMER-CKPT 2\n")
+    state, _ = train.read_checkpoint(again, streaming)
+    assert int(state.step) == 7
+    np.testing.assert_array_equal(state.stream, carried)
 
 
 def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
@@ -188,11 +252,11 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
     assert resumed["metrics"] == full["metrics"]
     ds = train.build_dataset(cfg)
     model = train.build_model(cfg, ds, key=jax.random.key(0))
-    opt = train.build_optimizer(cfg)
-    like = (model, opt.init(eqx.filter(model, eqx.is_inexact_array)))
-    _, a, sa, _ = train.load_latest(tmp_path / "full", like)
-    _, b, sb, _ = train.load_latest(tmp_path / "cut", like)
-    for x, y in zip(_leaves((a, sa)), _leaves((b, sb))):
+    like = train.RunState.init(model, train.build_optimizer(cfg))
+    a, _ = train.load_latest(tmp_path / "full", like)
+    b, _ = train.load_latest(tmp_path / "cut", like)
+    assert int(a.step) == int(b.step) == 12
+    for x, y in zip(_leaves(a), _leaves(b)):
         np.testing.assert_array_equal(x, y)  # bitwise
 
     def strip(path):

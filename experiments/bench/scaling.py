@@ -76,17 +76,17 @@ def child(args) -> None:
     ds = train.build_dataset(cfg)
     model = train.build_model(cfg, ds, key=jax.random.key(0))
     opt = train.build_optimizer(cfg)
-    state = train.init_opt_state(opt, model)
+    state = train.RunState.init(model, opt)
     batch = ds.batch(0)
     counts = [n for n in (1, 2, 4, 8, 16) if n <= jax.device_count()]
     fns, comm = {}, {}
     for n in counts:
         mesh = _mesh.make_mesh({"data": n})
-        m, s = _mesh.place_state((model, state), mesh)
+        s = _mesh.place_state(state, mesh)
         b = _mesh.shard_batch(batch, mesh)
         step = train.jit_step(opt, mesh=mesh)
-        comm[n] = collective_bytes(step.lower(m, s, b).compile().compiled.as_text())
-        fns[n] = (lambda step=step, m=m, s=s, b=b: step(m, s, b)[2]["loss"])
+        comm[n] = collective_bytes(step.lower(s, b).compile().compiled.as_text())
+        fns[n] = (lambda step=step, s=s, b=b: step(s, b)[1]["loss"])
     t = interleaved({str(n): f for n, f in fns.items()}, repeats=args.repeats)
     rows = []
     for n in counts:

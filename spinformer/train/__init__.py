@@ -29,12 +29,14 @@ from ._report import report
 from ._objective import Objective, evaluate, init_stream_state, loss_fn
 from ._optim import init_opt_state, make_optimizer, make_schedule, num_params, params_of
 from ._precision import mixed_precision
+from ._state import RunState
 from ._step import jit_step, make_step
 
 __all__ = [
     "CorruptCheckpoint",
     "Objective",
     "RunDirError",
+    "RunState",
     "StopSignals",
     "check_run_dir",
     "diagnose",

@@ -1,7 +1,13 @@
 """Checkpoints: written atomically with a checksum; a damaged one is skipped for the previous.
 
-File layout (`ckpt-00000200.ckpt`): a magic line, one line of JSON (step, metadata, payload
-size and SHA-256), then the payload: `eqx.tree_serialise_leaves` of `(model, opt_state)`.
+File layout (`ckpt-00000200.ckpt`): a magic line (`SPINFORMER-CKPT 2`), one line of JSON
+(step, metadata, the carried stream state's shape and dtype or null, payload size and
+SHA-256), then the payload: `eqx.tree_serialise_leaves` of the `RunState` (model, optimizer
+state, stream state if any, step).
+
+Version 1 files (`SPINFORMER-CKPT 1`, written before `RunState`) are still read: their payload
+is `(model, opt_state)`, or `(model, (opt_state, carried))` for a streaming run, and their step
+is the header's.
 """
 
 from __future__ import annotations
@@ -16,8 +22,13 @@ import warnings
 from typing import Any, Optional
 
 import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
 
-MAGIC = b"SPINFORMER-CKPT 1\n"
+from ._state import RunState, host_step
+
+MAGIC = b"SPINFORMER-CKPT 2\n"
+MAGIC_V1 = b"SPINFORMER-CKPT 1\n"
 _NAME = re.compile(r"^ckpt-(\d{8})\.ckpt$")
 
 
@@ -42,9 +53,10 @@ def list_checkpoints(directory) -> list[tuple[int, pathlib.Path]]:
     return sorted(out)
 
 
-def save_checkpoint(directory, step: int, model, opt_state, meta: dict[str, Any],
+def save_checkpoint(directory, state: RunState, meta: dict[str, Any],
                     keep: int = 3) -> pathlib.Path:
-    """Write `(model, opt_state)` and `meta` for `step`; keep only the `keep` newest files.
+    """Write the `RunState` `state` and `meta` as the checkpoint of step `int(state.step)`;
+    keep only the `keep` newest files. Returns its path.
 
     The file appears under its final name only once fully written and synced (write to a
     temporary file, fsync, `os.replace`), so a killed process leaves the previous checkpoints
@@ -52,12 +64,16 @@ def save_checkpoint(directory, step: int, model, opt_state, meta: dict[str, Any]
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    step = host_step(state)
     buf = io.BytesIO()
-    eqx.tree_serialise_leaves(buf, (model, opt_state))
+    eqx.tree_serialise_leaves(buf, state)
     payload = buf.getvalue()
+    stream = None if state.stream is None else np.shape(state.stream)
     header = {
-        "step": int(step),
+        "step": step,
         "meta": meta,
+        "stream": None if stream is None else {"shape": list(stream),
+                                               "dtype": str(np.dtype(state.stream.dtype))},
         "payload_bytes": len(payload),
         "sha256": hashlib.sha256(payload).hexdigest(),
     }
@@ -81,17 +97,23 @@ def save_checkpoint(directory, step: int, model, opt_state, meta: dict[str, Any]
     return path
 
 
-def read_checkpoint(path, like) -> tuple[int, Any, Any, dict]:
-    """Read one checkpoint into the structure of `like = (model, opt_state)`.
+def read_checkpoint(path, like: RunState) -> tuple[RunState, dict]:
+    """Read one checkpoint into the structure of `like` (a `RunState`, e.g.
+    `RunState.init(model, optimizer)`; only its structure, shapes and dtypes matter).
 
-    **Returns:** `(step, model, opt_state, meta)`. Raises `CorruptCheckpoint` if the file is
-    truncated, its checksum does not match, or it does not fit `like`.
+    A checkpoint of a streaming run read with `like.stream` None still returns its carried
+    stream state. Version 1 files (`(model, opt_state)` payloads, see the module) are read
+    too, their step taken from the header.
+
+    **Returns:** `(state, meta)`. Raises `CorruptCheckpoint` if the file is truncated, its
+    checksum does not match, or it does not fit `like`.
     """
     path = pathlib.Path(path)
     data = path.read_bytes()
-    if not data.startswith(MAGIC):
+    version = next((v for v, m in ((2, MAGIC), (1, MAGIC_V1)) if data.startswith(m)), None)
+    if version is None:
         raise CorruptCheckpoint(f"{path}: not a spinformer checkpoint (bad magic).")
-    rest = data[len(MAGIC):]
+    rest = data[len(MAGIC if version == 2 else MAGIC_V1):]
     nl = rest.find(b"\n")
     if nl < 0:
         raise CorruptCheckpoint(f"{path}: truncated header.")
@@ -107,15 +129,36 @@ def read_checkpoint(path, like) -> tuple[int, Any, Any, dict]:
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise CorruptCheckpoint(f"{path}: checksum mismatch (the file was altered).")
     try:
-        model, opt_state = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
+        if version == 1:
+            state = _read_v1(payload, like, int(header["step"]))
+        else:
+            stream = header.get("stream")
+            if like.stream is None and stream is not None:  # read the file's stream state
+                like = eqx.tree_at(lambda s: s.stream, like,
+                                   jnp.zeros(stream["shape"], stream["dtype"]),
+                                   is_leaf=lambda x: x is None)
+            state = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
     except Exception as e:  # structure/shape mismatch
         raise CorruptCheckpoint(f"{path}: does not fit this model/optimizer: {e}") from e
-    return int(header["step"]), model, opt_state, header.get("meta", {})
+    if host_step(state) != int(header["step"]):
+        raise CorruptCheckpoint(f"{path}: the payload's step {host_step(state)} is not the "
+                                f"header's {header['step']}.")
+    return state, header.get("meta", {})
 
 
-def load_latest(directory, like) -> Optional[tuple[int, Any, Any, dict]]:
-    """The newest readable checkpoint in `directory` (damaged ones are reported with a
-    warning and skipped), or None if there is none."""
+def _read_v1(payload: bytes, like: RunState, step: int) -> RunState:
+    """A version 1 payload: `(model, opt_state)`, or `(model, (opt_state, carried))` when
+    `like.stream` is not None."""
+    held = like.opt_state if like.stream is None else (like.opt_state, like.stream)
+    model, held = eqx.tree_deserialise_leaves(io.BytesIO(payload), (like.model, held))
+    opt_state, stream = (held, None) if like.stream is None else held
+    return RunState(model, opt_state, stream, step=jnp.asarray(step, jnp.int32))
+
+
+def load_latest(directory, like: RunState) -> Optional[tuple[RunState, dict]]:
+    """`(state, meta)` of the newest readable checkpoint in `directory`, read into the
+    structure of `like` (see `read_checkpoint`; damaged ones are reported with a warning and
+    skipped), or None if there is none."""
     for step, path in reversed(list_checkpoints(directory)):
         try:
             return read_checkpoint(path, like)

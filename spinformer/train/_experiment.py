@@ -23,11 +23,13 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
+from .._choices import choice
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
 from ._objective import Objective, init_stream_state
-from ._optim import init_opt_state, make_optimizer, make_schedule, num_params
+from ._optim import make_optimizer, make_schedule, num_params
+from ._state import RunState
 
 
 class RunDirError(_config.ConfigError):
@@ -114,13 +116,15 @@ def build_model(cfg: "_config.Config", dataset, *, key):
             return _nn.ImageClassifier(
                 tuple(dataset.image_shape), dataset.num_classes, dim=m.dim, depth=m.depth,
                 num_heads=m.num_heads, attention=reg.cls,
-                attention_kwargs=reg.kwargs_from(section), embed=m.embed, patch=m.patch,
+                attention_kwargs=reg.kwargs_from(section),
+                embed=choice("image.embed", m.embed, where="model.embed"), patch=m.patch,
                 conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
                 positions=m.positions, dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
-            head = _nn.pool_attention(m.pool)
+            pool = choice("pair.pool", m.pool, where="model.pool")
+            head = _nn.pool_attention(pool)
             return _nn.PairClassifier(
-                dataset.vocab_size, dataset.num_classes, pool=m.pool,
+                dataset.vocab_size, dataset.num_classes, pool=pool,
                 pool_kwargs=head.kwargs_from(m.section(head.name)) if head else None,
                 key=k, **common)
         if dataset.kind == "lm":
@@ -433,14 +437,14 @@ def load_run(run_dir, *, dataset=None):
         raise FileNotFoundError(f"{run_dir}: no config.yaml; is this a run directory?")
     cfg = _config.load_config(saved)
     dataset = build_dataset(cfg) if dataset is None else dataset
-    like = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    opt_state = init_opt_state(build_optimizer(cfg), like)
-    if cfg.data.stream:  # a streaming run's checkpoints also hold the carried state
-        opt_state = (opt_state, init_stream_state(like, dataset.batch(0, "train")))
-    like = (like, opt_state)
+    model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+    # the run state its checkpoints hold (a streaming run's also the carried stream state)
+    stream = init_stream_state(model, dataset.batch(0, "train")) if cfg.data.stream else None
+    like = RunState.init(model, build_optimizer(cfg), stream=stream)
     got = load_latest(run_dir, like)
     if got is None and _orbax.OrbaxCheckpoints(run_dir).exists():  # a sharded run's
         got = _orbax.OrbaxCheckpoints(run_dir).restore_latest(like)
     if got is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to load (the run wrote none yet).")
-    return cfg, dataset, got[1]
+    state, _ = got
+    return cfg, dataset, state.model

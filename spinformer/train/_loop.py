@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Optional
 
+import equinox as eqx
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -19,7 +20,7 @@ from . import _checkpoint as ckpt
 from . import _mesh, _orbax
 from ._figures import plot_run
 from ._objective import evaluate, init_stream_state
-from ._optim import init_opt_state
+from ._state import RunState, host_step
 from ._step import jit_step, to_device
 
 
@@ -205,9 +206,9 @@ def fit(
       (`data.CharText(stream=True)`) and the model's attention carries its state: training
       starts from a zero state ("no history") and feeds each step the state the previous
       step returned, with no gradient into earlier chunks (truncated backpropagation through
-      time); the state is part of every checkpoint, so a resumed run equals an uninterrupted
-      one. Each evaluation carries its own state through the validation batches, from
-      zeros.
+      time); the state is part of every checkpoint (`RunState.stream`), so a resumed run
+      equals an uninterrupted one. Each evaluation carries its own state through the
+      validation batches, from zeros.
     - `checkpointer`: `"native"` (one checksummed file per checkpoint, written by process 0
       from whole arrays) or `"orbax"` (orbax-checkpoint: every process writes its own shards
       under `out_dir/orbax/`; for state no process holds whole). Resume reads the same kind.
@@ -219,6 +220,10 @@ def fit(
     SIGTERM or SIGINT (in the main thread) finish the step in flight, write a checkpoint and
     raise `TrainingInterrupted`; `resume=True` then continues bit-identically.
 
+    The run is one `RunState` (model, optimizer state, carried stream state, step) from start
+    to end: `jit_step` maps it to the next, every checkpoint holds it whole, and resume reads
+    it back.
+
     **Returns:** `(model, summary)` where `summary` is what `summary.json` holds.
     """
     out = pathlib.Path(out_dir)
@@ -226,11 +231,9 @@ def fit(
     if writer:
         out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
-    opt_state = init_opt_state(optimizer, model)
-    # streaming: the state carried from step to step, checkpointed with the optimiser state
-    carried = None
-    if stream:
-        carried = np.asarray(init_stream_state(model, dataset.batch(0, "train")))
+    # streaming: the state carried from step to step (host values until placed below)
+    carried = np.asarray(init_stream_state(model, dataset.batch(0, "train"))) if stream else None
+    state = RunState.init(model, optimizer, stream=carried)
     start = 0
     es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
     elapsed_before, bad_total = 0.0, 0
@@ -239,19 +242,14 @@ def fit(
         raise ValueError(f"checkpointer={checkpointer!r}: use 'native' or 'orbax'.")
     orbax = _orbax.OrbaxCheckpoints(out, keep_checkpoints) if checkpointer == "orbax" else None
     if resume:
-        # (the carried state is saved after the optimiser state: readers that ask only for
-        # `(model, opt_state)`, e.g. `spinformer generate`, read the same native files)
-        like = (model, opt_state if carried is None else (opt_state, carried))
         if orbax is not None:  # each process reads its own shards onto the current mesh
-            shardings = None if mesh is None else _mesh.state_shardings(like, mesh)
-            got = orbax.restore_latest(like, shardings)
+            shardings = None if mesh is None else _mesh.state_shardings(state, mesh)
+            got = orbax.restore_latest(state, shardings)
         else:
-            got = ckpt.load_latest(out, like)
+            got = ckpt.load_latest(out, state)
         if got is not None:
-            start, model, opt_state, meta = got
-            if carried is not None:
-                opt_state, carried = opt_state
-                carried = _mesh.gather(carried)
+            state, meta = got
+            start = host_step(state)
             es = meta.get("early_stopping", es)
             elapsed_before = float(meta.get("elapsed_s", 0.0))
             bad_total = int(meta.get("bad_steps", 0))
@@ -264,10 +262,11 @@ def fit(
     def place_batch(b):
         return to_device(b) if mesh is None else _mesh.shard_batch(b, mesh)
 
-    if mesh is not None:
-        model, opt_state = _mesh.place_state((model, opt_state), mesh)
-    if carried is not None:
-        carried = place_batch({"state": carried})["state"]
+    if mesh is not None:  # the stream state split over `data` like the batches
+        state = _mesh.place_state(state, mesh)
+    elif state.stream is not None:
+        state = eqx.tree_at(lambda s: s.stream, state,
+                            place_batch({"state": state.stream})["state"])
     eval_set = [place_batch(dataset.batch(i, "val")) for i in range(eval_batches)]
     base_key = jax.random.key(seed)
     t0 = time.perf_counter()
@@ -280,7 +279,7 @@ def fit(
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def save(step):
+    def save(step):  # the checkpoint of `state` (at `step`)
         meta = {
             "data_position": step,
             "rng": {"seed": seed, "key_data": np.asarray(jax.random.key_data(base_key)).tolist()},
@@ -288,12 +287,11 @@ def fit(
             "elapsed_s": now(),
             "bad_steps": bad_total,
         }
-        held = opt_state if carried is None else (opt_state, carried)
         if orbax is not None:  # every process writes its own shards
-            return orbax.save(step, model, held, meta)
-        state = (model, held) if mesh is None else _mesh.gather((model, held))
+            return orbax.save(state, meta)
+        whole = state if mesh is None else _mesh.gather(state)
         if writer:
-            return ckpt.save_checkpoint(out, step, *state, meta, keep=keep_checkpoints)
+            return ckpt.save_checkpoint(out, whole, meta, keep=keep_checkpoints)
         return ckpt.checkpoint_path(out, step)
 
     step = start
@@ -307,12 +305,8 @@ def fit(
             while step < steps and not es["stopped_early"]:
                 batch = place_batch(_train_batch(dataset, step, accumulate))
                 key = jax.random.fold_in(base_key, step)
-                if carried is None:
-                    model, opt_state, metrics = train_step(model, opt_state, batch, key)
-                else:
-                    model, opt_state, metrics, carried = train_step(model, opt_state, batch,
-                                                                    key, carried)
-                step += 1
+                state, metrics = train_step(state, batch, key)
+                step += 1  # = state.step, kept on the host
                 bad = bool(metrics["bad_step"])
                 bad_run = bad_run + 1 if bad else 0
                 bad_total += bad
@@ -330,7 +324,8 @@ def fit(
                         step, bad_run, {k: float(v) for k, v in metrics.items()}, out, path))
                 show.update(step, rec)
                 if step % eval_every == 0 or step == steps:
-                    last_eval = evaluate(model, eval_set, objective=objective, stream=stream)
+                    last_eval = evaluate(state.model, eval_set, objective=objective,
+                                         stream=stream)
                     log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
                     if last_eval["loss"] < es["best_loss"]:
                         es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
@@ -348,7 +343,7 @@ def fit(
 
     records = _read_records(metrics_path) if writer else []
     if last_eval is None:  # resumed a finished run: every process evaluates (collectives)
-        last_eval = evaluate(model, eval_set, objective=objective, stream=stream)
+        last_eval = evaluate(state.model, eval_set, objective=objective, stream=stream)
     if not (checkpoint_every and step % checkpoint_every == 0):
         save(step)
     summary = {
@@ -363,4 +358,4 @@ def fit(
     if writer:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_run(records, out)
-    return model, summary
+    return state.model, summary

@@ -7,7 +7,7 @@ compiler (GSPMD) inserts the gradient all-reduce because the batch is sharded al
 
 ```python
 mesh = make_mesh({"data": 4})                  # or None: every device on `data`
-model, opt_state = place_state((model, opt_state), mesh)
+state = place_state(RunState.init(model, optimizer), mesh)
 batch = shard_batch(dataset.batch(step), mesh)  # each process passes the global batch
 ```
 
@@ -129,24 +129,32 @@ def _param_spec(x, model_size: int) -> P:
 
 
 def state_shardings(tree: Any, mesh: Mesh) -> Any:
-    """The `NamedSharding` of every array leaf of `tree` (parameters, optimiser state):
-    replicated, except the large matrices whose last axis is split over a `model` axis of
-    size > 1 (Adam's moments follow their parameters, having the same shapes)."""
+    """The `NamedSharding` of every array leaf of `tree` (a `RunState`, or parameters and
+    optimiser state): replicated, except the large matrices whose last axis is split over a
+    `model` axis of size > 1 (Adam's moments follow their parameters, having the same
+    shapes); a `RunState`'s carried stream state `(B, ...)` is split over `data` like the
+    batch it belongs to."""
+    from ._state import RunState
+
     model_size = mesh.shape["model"]
-    return jax.tree.map(
+    out = jax.tree.map(
         lambda x: NamedSharding(mesh, _param_spec(x, model_size)) if eqx.is_array(x) else None,
         tree)
+    if isinstance(tree, RunState) and tree.stream is not None:
+        out = eqx.tree_at(lambda s: s.stream, out, batch_sharding(mesh, np.ndim(tree.stream)))
+    return out
 
 
 def place_state(tree: Any, mesh: Mesh) -> Any:
-    """Put every array leaf of `tree` on `mesh` (see `state_shardings`); other leaves pass.
+    """Put every array leaf of `tree` (a `RunState`, or parameters and optimiser state) on
+    `mesh` (see `state_shardings`); other leaves pass, and so do arrays already placed so.
 
     With several processes every process holds the same values (same seed, same checkpoint),
     and each contributes its own devices' copies or shards."""
     shardings = state_shardings(tree, mesh)
 
     def put(x, s):
-        if s is None:
+        if s is None or (isinstance(x, jax.Array) and x.sharding == s):
             return x
         if jax.process_count() == 1:
             return jax.device_put(x, s)

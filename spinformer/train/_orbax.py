@@ -7,10 +7,12 @@ checkpoint directory that appears under its final name only once complete. Resto
 each shard straight onto the devices of the current mesh, which may differ from the mesh
 that wrote it.
 
-Layout: `RUN_DIR/orbax/<step>/{state,meta}`: `state` holds the array leaves of
-`(model, opt_state)` keyed by their position (`"00000"`, ...), `meta` the same JSON metadata
-as a native checkpoint (data position, RNG, early stopping, elapsed time). orbax keeps the
-`train.keep_checkpoints` newest.
+Layout: `RUN_DIR/orbax/<step>/{state,meta}`: `state` holds the array leaves of the
+`RunState` (model, optimizer state, carried stream state if any, step) keyed by their position
+(`"00000"`, ...), `meta` the same JSON metadata as a native checkpoint (data position, RNG,
+early stopping, elapsed time). orbax keeps the `train.keep_checkpoints` newest. Orbax
+checkpoints written before `RunState` (the leaves of `(model, opt_state)`, no step leaf) are
+not readable by this version.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any, Optional
 
 import equinox as eqx
 import jax
+
+from ._state import RunState, host_step
 
 __all__ = ["OrbaxCheckpoints", "available"]
 
@@ -78,23 +82,25 @@ class OrbaxCheckpoints:
     def path(self, step: int) -> pathlib.Path:
         return self.dir / str(step)
 
-    def save(self, step: int, model, opt_state, meta: dict[str, Any]) -> pathlib.Path:
-        """Write `(model, opt_state)` (every process its own shards) and `meta`; returns when
-        the checkpoint is complete on disk. Called by every process."""
+    def save(self, state: RunState, meta: dict[str, Any]) -> pathlib.Path:
+        """Write the `RunState` `state` (every process its own shards) and `meta` as the
+        checkpoint of step `int(state.step)`; returns when the checkpoint is complete on disk.
+        Called by every process."""
         ocp = _require()
-        leaves, _, _ = _leaves((model, opt_state))
+        step = host_step(state)
+        leaves, _, _ = _leaves(state)
         mgr = self.manager()
         mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(leaves),
                                                meta=ocp.args.JsonSave(meta)), force=True)
         mgr.wait_until_finished()
         return self.path(step)
 
-    def restore_latest(self, like, shardings: Optional[Any] = None
-                       ) -> Optional[tuple[int, Any, Any, dict]]:
-        """`(step, model, opt_state, meta)` of the newest checkpoint, read into the structure
-        of `like = (model, opt_state)` with the array leaves placed by `shardings` (a tree
-        like `like` of `Sharding`s, e.g. `_mesh.state_shardings`; None: the default
-        device), or None if there is none."""
+    def restore_latest(self, like: RunState, shardings: Optional[Any] = None
+                       ) -> Optional[tuple[RunState, dict]]:
+        """`(state, meta)` of the newest checkpoint, read into the structure of the
+        `RunState` `like` with the array leaves placed by `shardings` (a tree like `like` of
+        `Sharding`s, e.g. `_mesh.state_shardings`; None: the default device), or None if
+        there is none."""
         steps = self.steps()
         if not steps:
             return None
@@ -114,8 +120,7 @@ class OrbaxCheckpoints:
         got = self.manager().restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         arrays = jax.tree.unflatten(treedef, [got.state[k] for k in sorted(leaves)])
-        model, opt_state = eqx.combine(arrays, static)
-        return step, model, opt_state, dict(got.meta)
+        return eqx.combine(arrays, static), dict(got.meta)
 
     def close(self) -> None:
         if self._manager is not None:

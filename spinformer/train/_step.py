@@ -16,6 +16,7 @@ from .. import solvers
 from ._metrics import _backward_metrics
 from ._objective import Objective, _objective
 from ._precision import mixed_precision
+from ._state import RunState
 
 
 def _all_finite(tree) -> Array:
@@ -65,8 +66,9 @@ def _finite_rows(state):
     return jnp.where(ok, state, jnp.zeros_like(state))
 
 
-def _step(model, opt_state, batch, key=None, state=None, *, optimizer, accumulate: int = 1,
+def _step(run: RunState, batch, key=None, *, optimizer, accumulate: int = 1,
           precision: str = "float32", mesh=None, objective: Optional[Objective] = None):
+    model, opt_state, state = run.model, run.opt_state, run.stream
     (loss, metrics), grads, state = _grads(model, batch, key, state, precision=precision,
                                            accumulate=accumulate,
                                            objective=objective or Objective())
@@ -83,48 +85,48 @@ def _step(model, opt_state, batch, key=None, state=None, *, optimizer, accumulat
     opt_state = jax.tree.map(keep, new_opt_state, opt_state)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["bad_step"] = (~ok).astype(jnp.float32)
+    step = run.step + 1  # a skipped step counts too: the data position advances
     if mesh is not None:  # keep the state's layout from step to step (no drift, no recompile)
         from ._mesh import batch_sharding, constrain_state
 
-        model, opt_state = constrain_state((model, opt_state), mesh)
+        model, opt_state, step = constrain_state((model, opt_state, step), mesh)
         if state is not None:
             state = jax.lax.with_sharding_constraint(state, batch_sharding(mesh, state.ndim))
-    if state is None:
-        return model, opt_state, metrics
-    return model, opt_state, metrics, _finite_rows(state)
+    stream = None if state is None else _finite_rows(state)
+    return RunState(model, opt_state, stream, step=step), metrics
 
 
 @eqx.filter_jit
 def make_step(
-    model,
-    opt_state,
+    state: RunState,
     batch: dict[str, Array],
     key: Optional[Array] = None,
     *,
     optimizer: optax.GradientTransformation,
-):
-    """One optimizer step: `(model, opt_state, batch, key) -> (model, opt_state, metrics)`.
+) -> tuple[RunState, dict[str, Array]]:
+    """One optimizer step: `(state, batch, key) -> (state, metrics)`.
 
     **Arguments:**
 
-    - `model`, `opt_state`: the model and `init_opt_state(optimizer, model)`.
+    - `state`: the `RunState` (`RunState.init(model, optimizer)` before the first step).
     - `batch`: `inputs`, `targets`, `mask` (see `loss_fn`).
     - `key`: PRNG key for dropout (None: no dropout).
     - `optimizer`: an optax optimizer; a static argument, so each optimizer object compiles
       the step once. A loop should use `jit_step(optimizer)` instead.
 
-    **Returns:** the updated model and optimizer state, and `metrics` (`loss_fn`'s,
-    `grad_norm`, and for models with recorded implicit adjoints (`solvers.record_backward`)
-    `backward_steps`, `backward_residual`, `backward_steps/0`, ...), which stay on the device
-    until the caller reads them.
+    **Returns:** the next `RunState` (model and optimizer state updated, `step` + 1; the
+    carried stream state of a streaming state, see `jit_step`), and `metrics` (`loss_fn`'s,
+    `grad_norm`, `bad_step`, and for models with recorded implicit adjoints
+    (`solvers.record_backward`) `backward_steps`, `backward_residual`, `backward_steps/0`,
+    ...), which stay on the device until the caller reads them.
     """
-    return _step(model, opt_state, batch, key, optimizer=optimizer)
+    return _step(state, batch, key, optimizer=optimizer)
 
 
 def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
              precision: str = "float32", mesh=None, objective: Optional[Objective] = None):
-    """`make_step` with `optimizer` bound: `step(model, opt_state, batch, key=None,
-    state=None)`.
+    """`make_step` with `optimizer` bound: `step(state, batch, key=None) -> (state, metrics)`,
+    `state` a `RunState`.
 
     **Arguments:**
 
@@ -132,23 +134,26 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
       `(k, B, ...)`; the step averages the k losses, metrics and gradients (one `lax.scan`)
       and makes one update, as a batch of k·B would (up to the masks' weighting).
     - `precision`: `"float32"` or `"bfloat16"` (see `mixed_precision`).
-    - `mesh`: the `Mesh` the state lives on (`train._mesh.place_state`); the returned model
-      and optimiser state are constrained to the same layout. None: whatever the inputs have.
+    - `mesh`: the `Mesh` the state lives on (`train._mesh.place_state`); the returned model,
+      optimiser state and step are constrained to the same layout, the stream state to the
+      batch's. None: whatever the inputs have.
     - `objective`: what is minimised (`Objective`: entropy term, local losses); default the
       cross-entropy.
 
-    Streaming (truncated backpropagation through time): pass `state (B, ...)`, the state
-    each example starts from (`init_stream_state` for the first chunk, then the previous
-    step's); the step then returns `(model, opt_state, metrics, next_state)`, `next_state`
-    the model's `diagnostics.state` with no gradient (nothing flows back into the previous
-    chunk), examples marked by `batch["start"]` starting from zeros, and the examples whose
-    state is not finite reset to zeros. With `accumulate` the state goes through the k
-    micro-batches in order (consecutive chunks).
+    The returned state's `step` is the input's + 1.
 
-    A step whose loss, gradient or updated parameters are not finite changes nothing (its
-    `bad_step` metric is 1). Jitted once: it compiles on its first call and reuses that for
-    every later call with arrays of the same shapes and shardings; the compiled step is freed
-    with the returned function.
+    Streaming (truncated backpropagation through time): a state whose `stream` is not None,
+    `(B, ...)`, the state each example starts from (`init_stream_state` for the first chunk,
+    then the previous step's). The returned state's `stream` is the model's
+    `diagnostics.state` with no gradient (nothing flows back into the previous chunk),
+    examples marked by `batch["start"]` starting from zeros, and the examples whose state is
+    not finite reset to zeros. With `accumulate` the state goes through the k micro-batches in
+    order (consecutive chunks).
+
+    A step whose loss, gradient or updated parameters are not finite leaves the model and
+    optimizer state unchanged (its `bad_step` metric is 1; `step` still advances). Jitted
+    once: it compiles on its first call and reuses that for every later call with arrays of
+    the same shapes and shardings; the compiled step is freed with the returned function.
     """
     if precision not in ("float32", "bfloat16"):
         raise ValueError(f"precision={precision!r}: use 'float32' or 'bfloat16'.")
