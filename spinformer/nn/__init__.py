@@ -17,6 +17,7 @@ A new attention is one module plus one config dataclass, registered with
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
 from . import _softmax, _spin, _boltzmann, _neurogame, _implicit, _free_energy  # noqa: F401, I001
+from . import _hopfield, _energy_transformer  # noqa: F401, I001
 from ._analysis import FixedPointAnalysis as FixedPointAnalysis
 from ._analysis import ModelAnalysis as ModelAnalysis
 from ._analysis import fixed_point_analysis as fixed_point_analysis
@@ -35,10 +36,14 @@ from ._decode import decode_sequence as decode_sequence
 from ._decode import decode_step as decode_step
 from ._decode import generate as generate
 from ._diagnostics import Diagnostics as Diagnostics
+from ._energy_transformer import EnergyTransformerAttention as EnergyTransformerAttention
+from ._energy_transformer import EnergyTransformerConfig as EnergyTransformerConfig
 from ._diagnostics import Stats as Stats
 from ._free_energy import FreeEnergyAttention as FreeEnergyAttention
 from ._free_energy import FreeEnergyConfig as FreeEnergyConfig
 from ._groups import param_labels as param_labels
+from ._hopfield import HopfieldAttention as HopfieldAttention
+from ._hopfield import HopfieldConfig as HopfieldConfig
 from ._image import ImageClassifier as ImageClassifier
 from ._implicit import ImplicitAttention as ImplicitAttention
 from ._implicit import ImplicitConfig as ImplicitConfig
@@ -83,10 +88,14 @@ __all__ = [
     "Classifier",
     "DecodeState",
     "Diagnostics",
+    "EnergyTransformerAttention",
+    "EnergyTransformerConfig",
     "FeedForward",
     "FixedPointAnalysis",
     "FreeEnergyAttention",
     "FreeEnergyConfig",
+    "HopfieldAttention",
+    "HopfieldConfig",
     "ImageClassifier",
     "ImplicitAttention",
     "ImplicitConfig",

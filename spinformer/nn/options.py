@@ -20,6 +20,8 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
 - `free_energy.couplings`: `ExplicitSpinCouplings`, `InputCouplings`.
 - `attractor.constraint`: `GlobalNorm`, `BlockNorm`; `attractor.objective`:
   `EnergyObjective`, `PseudoLikelihoodObjective`.
+- `hopfield.mode`: `Retrieval` (`fixed_point`), `UpdateSteps` (`steps`), `OneStep`
+  (`one_step`); `energy_transformer.hopfield`: `ReluMemories`, `SoftmaxMemories`.
 - `sequence.pool`: `NoPool`, `MeanPool`; `pair.pool`: `PairMeanPool`, `PairClsPool`,
   `PairNGTPool`; `image.embed`: `ConvEmbedding`, `PatchEmbedding`.
 
@@ -34,7 +36,9 @@ from ._boltzmann import (DQA, BoltzmannInference, BoltzmannMode, BoltzmannSample
                          EnergyHJ, EnergyHJK, EnergyHK, EnergyJ, EnergyJK, EnergyK,
                          ExactInference, Gibbs, MeanFieldInference, ParallelTempering,
                          SoftmaxBaseline, TAPInference)
+from ._energy_transformer import HopfieldMemories, ReluMemories, SoftmaxMemories
 from ._free_energy import ExplicitSpinCouplings, FreeEnergyCouplings, InputCouplings
+from ._hopfield import HopfieldMode, OneStep, Retrieval, UpdateSteps
 from ._image import ConvEmbedding, ImageEmbedding, PatchEmbedding
 from ._implicit import (AdaptiveTAPOnsager, ExplicitSiteCouplings, ImplicitCouplings,
                         MLPOnsager, NaiveOnsager, OnsagerTerm, SoftmaxCouplings)

@@ -19,7 +19,11 @@ batches. The families:
 - `attractor`: self-attention as an attractor network of unit vectors with position-dependent
   d × d couplings (local energies, their dynamics, the exact pseudo-likelihood on the sphere);
 - `free_energy`: the steepest-descent (large-D) free energy of vector spins on spheres, its
-  saddle, and magnetizations as derivatives of log Z.
+  saddle, and magnetizations as derivatives of log Z;
+- `hopfield`: modern (exponential) Hopfield networks: the energy, the update (one step is
+  softmax attention) and retrieval to its fixed point;
+- `energy_transformer`: the Energy Transformer's energy-based layer norm, attention and
+  Hopfield energies, their closed-form gradients and the token descent.
 
 Iterative solutions (`ising.mean_field`, `ising.tap`, `kinetic.tap_step`, `vector.tap_step`,
 `vector.tap_ness`, `vector.mean_field_ness`) return a `spinformer.solvers.Solution` and take
@@ -34,10 +38,13 @@ m = ising.tap(h, J, beta=0.5)
 from . import adaptive_tap as adaptive_tap
 from . import attractor as attractor
 from . import coalitions as coalitions
+from . import energy_transformer as energy_transformer
 from . import free_energy as free_energy
+from . import hopfield as hopfield
 from . import ising as ising
 from . import kinetic as kinetic
 from . import samplers as samplers
 from . import vector as vector
 
-__all__ = ["adaptive_tap", "attractor", "coalitions", "free_energy", "ising", "kinetic", "samplers", "vector"]
+__all__ = ["adaptive_tap", "attractor", "coalitions", "energy_transformer", "free_energy",
+           "hopfield", "ising", "kinetic", "samplers", "vector"]

@@ -1,0 +1,187 @@
+"""Energy Transformer attention: tokens descend one energy of attention and Hopfield memory
+(B. Hoover et al., "Energy Transformer", NeurIPS 2023, arXiv:2302.07253; the physics is
+`spinformer.spins.energy_transformer`).
+
+The layer's input x₀ `(n, D)` descends E(LN(x)) = E_ATT + E_HN for `steps` steps of size
+`alpha`, x ← x − α ∂E/∂g, with the same weights at every step (an unrolled `lax.scan`), and
+returns the displacement x_T − x₀: inside a pre-norm block the residual stream then moves
+as the paper's tokens do. The layer norm is the energy-based one (learned γ > 0, kept
+positive as exp(log γ), and δ), the attention energy has queries and keys and no values,
+and the Hopfield memories are ξ `(M, D)` (`hopfield`: `ReluMemories` or
+`SoftmaxMemories`).
+
+Not causal: every token's update depends on every other token through the keys
+(∂E_ATT/∂g_B sums over the queries that see B), so causal models are refused; a padding
+`mask` removes query–key pairs from the energy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Union
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from .._choices import Choice, choice, register_choice
+from .._schema import ConfigError, option
+from ..spins import energy_transformer as et
+from ._diagnostics import Diagnostics
+from ._heads import check_heads, check_shapes
+from ._masks import combine_masks
+from ._registry import register_attention
+
+
+class HopfieldMemories(Choice):
+    """The Hopfield-network energy of the block (`hopfield=`): `ReluMemories` (`"relu"`,
+    −½ Σ relu(ξ_μ·g_B)²) or `SoftmaxMemories` (`"softmax"`, −β⁻¹ Σ_B lse_μ(β ξ_μ·g_B))."""
+
+    @property
+    def energy_name(self) -> str:
+        """The energy's name in `spins.energy_transformer` (`kind=`)."""
+        return self.name
+
+
+@register_choice("energy_transformer.hopfield", "relu")
+@dataclasses.dataclass(frozen=True)
+class ReluMemories(HopfieldMemories):
+    """E_HN = −½ Σ_μ Σ_B relu(ξ_μ·g_B)² (the paper's main choice)."""
+
+
+@register_choice("energy_transformer.hopfield", "softmax")
+@dataclasses.dataclass(frozen=True)
+class SoftmaxMemories(HopfieldMemories):
+    """E_HN = −β_HN⁻¹ Σ_B ln Σ_μ exp(β_HN ξ_μ·g_B) (the paper's softmax variant)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnergyTransformerConfig:
+    """Options of Energy Transformer attention (the config section
+    `model.energy_transformer`)."""
+
+    steps: int = option(12, "descent steps T per layer (the paper: 12)")
+    alpha: float = option(0.1, "step size alpha of x <- x - alpha dE/dg")
+    head_dim: int = option(0, "Y, the width of each head's queries and keys (0: dim/num_heads)")
+    memories: int = option(0, "M, the Hopfield memories (0: 2 * dim)")
+    hopfield: str = option("relu", "the Hopfield energy: relu (-1/2 sum relu(xi.g)^2) or "
+                           "softmax (-1/beta_hn sum log sum exp)",
+                           kind="energy_transformer.hopfield")
+    beta_hn: float = option(1.0, "softmax memories: inverse temperature of the Hopfield energy")
+
+    def __post_init__(self):
+        if not self.steps >= 1:
+            raise ConfigError(f"steps={self.steps} must be >= 1.")
+        if not self.alpha > 0:
+            raise ConfigError(f"alpha={self.alpha} must be > 0.")
+        if not (self.head_dim >= 0 and self.memories >= 0):
+            raise ConfigError("head_dim and memories must be >= 0 (0: the default size).")
+        if not self.beta_hn > 0:
+            raise ConfigError(f"beta_hn={self.beta_hn} must be > 0.")
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = EnergyTransformerConfig()
+
+
+@register_attention("energy_transformer", config=EnergyTransformerConfig,
+                    help="tokens descend an attention + Hopfield energy",
+                    coupling_fields=("Wq", "Wk"))
+class EnergyTransformerAttention(eqx.Module):
+    """Energy Transformer attention; one example per call.
+
+    **Arguments:**
+
+    - `dim`: model width D; `num_heads`: H.
+    - `causal`: must be False (the descent is not causal; see the module docstring).
+    - `steps`, `alpha`: the descent's number of steps and step size.
+    - `head_dim`: Y, the query/key width per head (0: D/H).
+    - `memories`: M, the number of Hopfield memories (0: 2·D).
+    - `hopfield`: `ReluMemories()` / `SoftmaxMemories()` or the name; `beta_hn` the softmax
+      variant's inverse temperature.
+    - `key`: PRNG key.
+
+    The attention energy's inverse temperature is the paper's β = 1/√Y.
+    """
+
+    Wq: Float[Array, "h y d"]
+    Wk: Float[Array, "h y d"]
+    xi: Float[Array, "m d"]
+    log_gamma: Float[Array, ""]
+    delta: Float[Array, " d"]
+    alpha: float
+    beta_hn: float
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
+    steps: int = eqx.field(static=True)
+    hopfield: HopfieldMemories = eqx.field(static=True)
+
+    def __init__(
+        self, dim: int, num_heads: int = 1, causal: bool = False, *,
+        steps: int = _DEFAULTS.steps,
+        alpha: float = _DEFAULTS.alpha,
+        head_dim: int = _DEFAULTS.head_dim,
+        memories: int = _DEFAULTS.memories,
+        hopfield: Union[HopfieldMemories, str] = _DEFAULTS.hopfield,
+        beta_hn: float = _DEFAULTS.beta_hn,
+        key: PRNGKeyArray,
+    ):
+        check_heads("EnergyTransformerAttention", dim, num_heads)
+        if causal:
+            raise ValueError(
+                "EnergyTransformerAttention is not causal: each token's descent depends on "
+                "every other token through the attention energy's keys; use it in "
+                "non-causal models (classifiers, encoders, masked reconstruction).")
+        if not (isinstance(steps, int) and steps >= 1):
+            raise ValueError(f"EnergyTransformerAttention: steps={steps!r} must be an int >= 1.")
+        if not (alpha > 0 and beta_hn > 0):
+            raise ValueError(f"EnergyTransformerAttention: alpha={alpha} and beta_hn={beta_hn} "
+                             "must be > 0.")
+        Y = head_dim or dim // num_heads
+        M = memories or 2 * dim
+        kq, kk, km = jax.random.split(key, 3)
+        scale = 1.0 / math.sqrt(dim)
+        self.Wq = scale * jax.random.normal(kq, (num_heads, Y, dim))
+        self.Wk = scale * jax.random.normal(kk, (num_heads, Y, dim))
+        self.xi = scale * jax.random.normal(km, (M, dim))
+        self.log_gamma = jnp.zeros(())
+        self.delta = jnp.zeros((dim,))
+        self.alpha, self.beta_hn, self.steps = alpha, beta_hn, steps
+        self.hopfield = choice("energy_transformer.hopfield", hopfield,
+                               where="EnergyTransformerAttention: hopfield")
+        self.dim, self.num_heads, self.causal = dim, num_heads, causal
+
+    def params(self) -> et.Params:
+        """The block's weights as `spins.energy_transformer.Params`."""
+        return et.Params(jnp.exp(self.log_gamma), self.delta, self.Wq, self.Wk, self.xi,
+                         beta=1.0 / math.sqrt(self.Wq.shape[1]), beta_hn=self.beta_hn)
+
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None, state: None = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
+        """**Arguments:** `x (n, d)`; `context`: not supported (one energy over one set of
+        tokens); `mask (n, n)`, True where query i may use key j; `state`, `key`: unused;
+        `return_diagnostics`: also return `Diagnostics` with `fields` the energies along
+        the descent `(steps + 1,)` and `weights (H, n, n)`, the attention of the final
+        normalised tokens.
+
+        **Returns:** the displacement x_T − x `(n, d)`, or `(it, diagnostics)`.
+        """
+        del state, key
+        if context is not None:
+            raise ValueError("EnergyTransformerAttention: cross-attention (context=) is not "
+                             "defined: the energy is over one set of tokens.")
+        check_shapes("EnergyTransformerAttention", x, x, self.dim)
+        allowed = combine_masks(x.shape[0], x.shape[0], False, mask)
+        p = self.params()
+        run = et.descent(x, p, steps=self.steps, alpha=self.alpha, kind=self.hopfield.energy_name,
+                         mask=allowed)
+        out = run.x - x
+        if return_diagnostics:
+            g = et.layer_norm(run.x, p.gamma, p.delta, p.eps)
+            weights = et.attention_weights(g, p.Wq, p.Wk, beta=p.beta, mask=allowed)
+            return out, Diagnostics(weights=weights, fields=run.energies)
+        return out

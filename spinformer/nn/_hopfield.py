@@ -1,0 +1,257 @@
+"""Modern Hopfield attention: each query is a state pattern that retrieves from the keys,
+the stored patterns (H. Ramsauer et al., "Hopfield Networks is All You Need", ICLR 2021,
+arXiv:2008.02217; the physics is `spinformer.spins.hopfield`).
+
+Per head h and query i the state ξ starts at the query q_hi, the stored patterns are the
+keys k_hj the query may see, and β = `beta`/√D_h. The update ξ ← K_hᵀ softmax(β K_h ξ)
+lowers the Hopfield energy E(ξ) = −lse(β, K_h ξ) + ½|ξ|² + const; the output reads the
+values with the weights of the retrieved state, softmax(β K_h ξ*)·V_h. The dynamics
+(`mode`, an option object):
+
+- `OneStep` (`"one_step"`): no update, ξ* = q: exactly softmax attention with the same
+  projections (tested);
+- `UpdateSteps` (`"steps"`): `num_steps` updates, backpropagated;
+- `Retrieval` (`"fixed_point"`): the fixed point of the update (a stationary point of E),
+  solved for all queries of a head together with `solver` and differentiated with
+  `adjoint`, its forward steps and backward products recorded like every solved attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar, Optional, Union
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from .. import solvers
+from .._choices import Choice, choice, register_choice
+from .._schema import ConfigError, option
+from ..spins._common import solve as _solve
+from ._diagnostics import Diagnostics, Stats
+from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
+from ._masks import combine_masks
+from ._registry import register_attention
+
+_NEG = -1e30  # a masked score (finite, so a query with no visible key stays finite)
+
+
+def _weights(xi, K, beta, allowed):
+    """softmax(β ξ Kᵀ) `(n, s)` over the allowed keys, for states `xi (n, D_h)`."""
+    scores = beta * xi @ K.T
+    if allowed is not None:
+        scores = jnp.where(allowed, scores, _NEG)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _update(xi, args):
+    """The Hopfield update of every query's state at once: Kᵀ softmax(β K ξ) per row."""
+    K, beta, allowed = args
+    return _weights(xi, K, beta, allowed) @ K
+
+
+class HopfieldMode(Choice):
+    """How far the state patterns move before the read-out (`mode=`): `OneStep`
+    (`"one_step"`), `UpdateSteps` (`"steps"`) or `Retrieval` (`"fixed_point"`)."""
+
+    #: the retrieval is solved (the solver and adjoint are used)
+    solves: ClassVar[bool] = False
+
+    def retrieve(self, attention, q, K, beta, allowed) -> tuple[Array, Stats]:
+        """The retrieved states `(n, D_h)` of one head from its queries `q (n, D_h)` and keys
+        `K (s, D_h)`, and the solver `Stats`."""
+        raise NotImplementedError
+
+
+@register_choice("hopfield.mode", "fixed_point")
+@dataclasses.dataclass(frozen=True)
+class Retrieval(HopfieldMode):
+    """The fixed point ξ* = Kᵀ softmax(β K ξ*), solved and differentiated implicitly."""
+
+    solves: ClassVar[bool] = True
+
+    def retrieve(self, attention, q, K, beta, allowed):
+        sol = _solve(_update, q, (K, beta, allowed), solver=attention.solver,
+                     adjoint=attention.adjoint, throw=attention.throw)
+        return sol.value, Stats.of(sol)
+
+
+@register_choice("hopfield.mode", "steps")
+@dataclasses.dataclass(frozen=True)
+class UpdateSteps(HopfieldMode):
+    """`num_steps` updates from the query, backpropagated (an unrolled scan)."""
+
+    def retrieve(self, attention, q, K, beta, allowed):
+        def body(xi, _):
+            return _update(xi, (K, beta, allowed)), None
+
+        xi, _ = jax.lax.scan(body, q, None, length=attention.num_steps)
+        none = Stats.none((), q.dtype)
+        return xi, Stats(none.num_steps + attention.num_steps, none.residual, none.result)
+
+
+@register_choice("hopfield.mode", "one_step")
+@dataclasses.dataclass(frozen=True)
+class OneStep(HopfieldMode):
+    """No update: the query is the state, and the layer is softmax attention."""
+
+    def retrieve(self, attention, q, K, beta, allowed):
+        return q, Stats.none((), q.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class HopfieldConfig:
+    """Options of modern Hopfield attention (the config section `model.hopfield`)."""
+
+    beta: float = option(1.0, "inverse temperature in units of 1/sqrt(D_h) (1: the scale of "
+                         "softmax attention; larger: retrieval of single keys)")
+    mode: str = option("fixed_point", "fixed_point: retrieve to the update's fixed point; "
+                       "steps: num_steps updates; one_step: no update (softmax attention)",
+                       kind="hopfield.mode")
+    num_steps: int = option(1, "steps mode: updates of each query's state")
+    solver: solvers.SolverOptions = option(
+        solvers.SolverOptions(name="picard", tol=1e-4, max_steps=50),
+        "fixed_point: the retrieval's solver (picard: the plain updates, which never raise "
+        "the energy)")
+    adjoint: solvers.AdjointOptions = option(
+        solvers.AdjointOptions(name="implicit", linear_solver="gmres", tol=1e-4, restart=5),
+        "fixed_point: how gradients flow through the retrieval")
+
+    def __post_init__(self):
+        if not self.beta > 0:
+            raise ConfigError(f"beta={self.beta} must be > 0.")
+        if not self.num_steps >= 1:
+            raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
+        solvers.check_options(self)
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = HopfieldConfig()
+
+
+@register_attention("hopfield", config=HopfieldConfig, help="modern Hopfield retrieval",
+                    coupling_fields=("to_q", "to_k"))
+class HopfieldAttention(eqx.Module):
+    """Multi-head modern Hopfield attention; one example per call.
+
+    **Arguments:**
+
+    - `dim`: model width D; `num_heads`: H (D divisible by H); `causal`: query i retrieves
+      only from keys j ≤ i (each query's retrieval sees its visible keys only, so the layer
+      stays causal).
+    - `beta`: β·√D_h, the inverse temperature in units of softmax attention's 1/√D_h.
+    - `mode`: `Retrieval()` (`"fixed_point"`), `UpdateSteps()` (`"steps"`) or `OneStep()`
+      (`"one_step"`), or the name; see the module docstring.
+    - `num_steps`: updates in `"steps"` mode.
+    - `solver`, `adjoint`, `throw`: the retrieval's solve (default `Picard(tol=1e-4,
+      max_steps=50)` and `Implicit(GMRES(restart=5), tol=1e-4)`); `throw=False` (the
+      default) reports a failed retrieval in the diagnostics instead of raising.
+    - `use_bias`: biases on the q/k/v/out maps.
+    - `key`: PRNG key.
+    """
+
+    to_q: eqx.nn.Linear
+    to_k: eqx.nn.Linear
+    to_v: eqx.nn.Linear
+    to_out: eqx.nn.Linear
+    beta: float
+    solver: solvers.AbstractSolver
+    adjoint: solvers.AbstractAdjoint
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
+    mode: HopfieldMode = eqx.field(static=True)
+    num_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+    def __init__(
+        self, dim: int, num_heads: int = 1, causal: bool = False, *,
+        beta: float = _DEFAULTS.beta,
+        mode: Union[HopfieldMode, str] = _DEFAULTS.mode,
+        num_steps: int = _DEFAULTS.num_steps,
+        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        throw: bool = False,
+        use_bias: bool = False,
+        key: PRNGKeyArray,
+    ):
+        check_heads("HopfieldAttention", dim, num_heads)
+        if not beta > 0:
+            raise ValueError(f"HopfieldAttention: beta={beta} must be > 0.")
+        if not (isinstance(num_steps, int) and num_steps >= 1):
+            raise ValueError(f"HopfieldAttention: num_steps={num_steps!r} must be an int >= 1.")
+        self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(
+            dim, use_bias, *jax.random.split(key, 4))
+        self.beta, self.solver, self.throw = beta, solver, throw
+        self.adjoint = solvers.record_backward(adjoint)
+        self.mode = choice("hopfield.mode", mode, where="HopfieldAttention: mode")
+        self.num_steps = num_steps
+        self.dim, self.num_heads, self.causal = dim, num_heads, causal
+
+    @property
+    def head_beta(self) -> float:
+        """β = beta/√D_h, the inverse temperature of each head's Hopfield energy."""
+        return self.beta / math.sqrt(self.dim // self.num_heads)
+
+    def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
+                 mask: Optional[Bool[Array, "n s"]] = None, state: None = None,
+                 key: Optional[PRNGKeyArray] = None, return_diagnostics: bool = False):
+        """**Arguments:** `x (n, d)`; `context (s, d)` (the stored patterns come from it;
+        default `x`); `mask (n, s)`, True where query i may retrieve key j (combined with
+        `causal`); `state`, `key`: unused; `return_diagnostics`: also return `Diagnostics`
+        with `weights (H, n, s)` (of the retrieved states), `magnetizations (H, n, D_h)`
+        (the retrieved states ξ*) and the per-head solver `Stats`.
+
+        **Returns:** `(n, d)`, or `((n, d), diagnostics)`.
+        """
+        del state, key
+        ctx = x if context is None else context
+        check_shapes("HopfieldAttention", x, ctx, self.dim)
+        q = project_heads(self.to_q, x, self.num_heads)
+        k = project_heads(self.to_k, ctx, self.num_heads)
+        v = project_heads(self.to_v, ctx, self.num_heads)
+        allowed = combine_masks(x.shape[0], ctx.shape[0], self.causal and context is None, mask)
+        beta = jnp.asarray(self.head_beta, q.dtype)
+        xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, allowed))(
+            q, k)
+        weights = jax.vmap(lambda s, kk: _weights(s, kk, beta, allowed))(xi, k)
+        out = jax.vmap(self.to_out)(mix_values(weights, v))
+        if return_diagnostics:
+            return out, Diagnostics(weights=weights, magnetizations=xi, solver=stats)
+        return out
+
+    # -- incremental decoding (see nn.decode_step) -----------------------------------------
+    #
+    # A causal query's retrieval sees only the keys up to its position, so position `pos`'s
+    # state solves its own fixed point from the cached keys: row `pos` of `__call__` up to the
+    # solver tolerance (the whole-sequence solve stops on the residual of all rows together).
+
+    def decode_init(self, max_len: int, dtype=jnp.float32) -> dict:
+        """An empty cache for `max_len` positions: keys and values `(H, max_len, D_h)` and
+        `failures`, the number of retrievals so far that did not converge."""
+        shape = (self.num_heads, max_len, self.dim // self.num_heads)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+                "failures": jnp.zeros((), jnp.int32)}
+
+    def decode(self, x: Float[Array, " d"], cache: dict, pos: Int[Array, ""]
+               ) -> tuple[Float[Array, " d"], dict]:
+        """The output at position `pos` given the cache of positions `< pos`: `(y (d,),
+        cache)`."""
+        if not self.causal:
+            raise ValueError("HopfieldAttention: incremental decoding needs causal attention; "
+                             "build the model with causal=True.")
+        H = self.num_heads
+        q = self.to_q(x).reshape(H, 1, -1)
+        k = cache["k"].at[:, pos].set(self.to_k(x).reshape(H, -1))
+        v = cache["v"].at[:, pos].set(self.to_v(x).reshape(H, -1))
+        visible = (jnp.arange(k.shape[1]) <= pos)[None]
+        beta = jnp.asarray(self.head_beta, q.dtype)
+        xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, visible))(
+            q, k)
+        w = jax.vmap(lambda s, kk: _weights(s, kk, beta, visible))(xi, k)[:, 0]
+        y = self.to_out(jnp.einsum("hs,hsk->hk", w, v).reshape(-1))
+        failed = jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
+        return y, {**cache, "k": k, "v": v, "failures": cache["failures"] + failed}
