@@ -307,7 +307,7 @@ def test_compile_size_does_not_grow_with_depth(getkey):
 
 def test_unknown_attention(getkey):
     with pytest.raises(ValueError, match="unknown attention"):
-        nn.Transformer(12, 16, 1, attention="hopfield", key=getkey())
+        nn.Transformer(12, 16, 1, attention="no_such_attention", key=getkey())
 
 
 def test_sequence_model_pool(getkey):
