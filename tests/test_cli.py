@@ -42,7 +42,14 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
     return [f"{k}={v}" for k, v in sets.items()]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+# configs whose family and data path another config already runs in the default test run
+# (brackets_hopfield: the Hopfield layer; the other image and text configs: the data)
+SLOW_CONFIGS = {"fmnist_hopfield", "shakespeare_char_hopfield"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.slow]
+                                               if p.stem in SLOW_CONFIGS else [])
+                                  for p in CONFIGS], ids=[p.stem for p in CONFIGS])
 def test_every_config_runs_shrunk(path, tmp_path, capsys):
     cfg = C.load_config(path)
     out = tmp_path / "run"

@@ -73,16 +73,17 @@ def test_descent_lowers_the_energy_for_positive_gamma_only(x64):
     """γ > 0 makes the layer-norm Lagrangian convex and the energy a Lyapunov function of
     the continuous dynamics; measured here on 10 instances with small steps. With γ < 0 the
     same steps raise the energy."""
+    descent = jax.jit(et.descent, static_argnames=("steps", "kind"))  # one compilation
     for seed in range(10):
         kx, kp = jax.random.split(jax.random.key(seed))
         x = jax.random.normal(kx, (N, D), jnp.float64)
         p = _params(kp)
         for kind in ("relu", "softmax"):
-            e = np.asarray(et.descent(x, p, steps=40, alpha=0.01, kind=kind).energies)
+            e = np.asarray(descent(x, p, steps=40, alpha=0.01, kind=kind).energies)
             assert e.shape == (41,) and np.all(np.diff(e) <= 1e-9), (seed, kind)
             assert e[-1] < e[0]
-        neg = np.asarray(et.descent(x, p._replace(gamma=-p.gamma), steps=40,
-                                    alpha=0.01).energies)
+        neg = np.asarray(descent(x, p._replace(gamma=-p.gamma), steps=40,
+                                 alpha=0.01).energies)
         assert neg[-1] > neg[0]
 
 

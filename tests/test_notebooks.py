@@ -19,7 +19,8 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 # to keep the default run near 15 minutes (spin_physics, the quickest, stays as the default
 # run's check of the notebook machinery)
 HEAVY = {"spin_transformer.ipynb", "implicit_attention.ipynb", "neurogame.ipynb",
-         "boltzmann_attention.ipynb", "energy_views.ipynb", "nonequilibrium.ipynb"}
+         "boltzmann_attention.ipynb", "energy_views.ipynb", "nonequilibrium.ipynb",
+         "hopfield_energy_transformer.ipynb"}
 SMALL_RUNS = [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in HEAVY else [])
               for p in NOTEBOOKS]
 

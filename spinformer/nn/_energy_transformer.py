@@ -37,12 +37,8 @@ from ._registry import register_attention
 
 class HopfieldMemories(Choice):
     """The Hopfield-network energy of the block (`hopfield=`): `ReluMemories` (`"relu"`,
-    −½ Σ relu(ξ_μ·g_B)²) or `SoftmaxMemories` (`"softmax"`, −β⁻¹ Σ_B lse_μ(β ξ_μ·g_B))."""
-
-    @property
-    def energy_name(self) -> str:
-        """The energy's name in `spins.energy_transformer` (`kind=`)."""
-        return self.name
+    −½ Σ relu(ξ_μ·g_B)²) or `SoftmaxMemories` (`"softmax"`, −β⁻¹ Σ_B lse_μ(β ξ_μ·g_B)); the name is
+    the energy's `kind=` in `spins.energy_transformer`."""
 
 
 @register_choice("energy_transformer.hopfield", "relu")
@@ -177,7 +173,7 @@ class EnergyTransformerAttention(eqx.Module):
         check_shapes("EnergyTransformerAttention", x, x, self.dim)
         allowed = combine_masks(x.shape[0], x.shape[0], False, mask)
         p = self.params()
-        run = et.descent(x, p, steps=self.steps, alpha=self.alpha, kind=self.hopfield.energy_name,
+        run = et.descent(x, p, steps=self.steps, alpha=self.alpha, kind=self.hopfield.name,
                          mask=allowed)
         out = run.x - x
         if return_diagnostics:

@@ -30,27 +30,26 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .. import solvers
 from .._choices import Choice, choice, register_choice
 from .._schema import ConfigError, option
+from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
 from ._masks import combine_masks
 from ._registry import register_attention
 
-_NEG = -1e30  # a masked score (finite, so a query with no visible key stays finite)
-
-
-def _weights(xi, K, beta, allowed):
-    """softmax(β ξ Kᵀ) `(n, s)` over the allowed keys, for states `xi (n, D_h)`."""
-    scores = beta * xi @ K.T
-    if allowed is not None:
-        scores = jnp.where(allowed, scores, _NEG)
-    return jax.nn.softmax(scores, axis=-1)
+def _rows(fn, xi, K, beta, allowed):
+    """`fn(ξ_i, K, beta=, mask=allowed_i)` of `spins.hopfield` for every query's state
+    `xi (n, D_h)` (keys `K (s, D_h)`, `allowed (n, s)` or None: all visible)."""
+    if allowed is None:
+        return jax.vmap(lambda z: fn(z, K, beta=beta))(xi)
+    allowed = jnp.broadcast_to(allowed, (xi.shape[0], K.shape[0]))
+    return jax.vmap(lambda z, m: fn(z, K, beta=beta, mask=m))(xi, allowed)
 
 
 def _update(xi, args):
-    """The Hopfield update of every query's state at once: Kᵀ softmax(β K ξ) per row."""
+    """The Hopfield update of every query's state at once (`spins.hopfield.update`)."""
     K, beta, allowed = args
-    return _weights(xi, K, beta, allowed) @ K
+    return _rows(hp.update, xi, K, beta, allowed)
 
 
 class HopfieldMode(Choice):
@@ -225,7 +224,7 @@ class HopfieldAttention(eqx.Module):
         beta = jnp.asarray(self.head_beta, q.dtype)
         xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, allowed))(
             q, k)
-        weights = jax.vmap(lambda s, kk: _weights(s, kk, beta, allowed))(xi, k)
+        weights = jax.vmap(lambda s, kk: _rows(hp.weights, s, kk, beta, allowed))(xi, k)
         out = jax.vmap(self.to_out)(mix_values(weights, v))
         if return_diagnostics:
             return out, Diagnostics(weights=weights, magnetizations=xi, solver=stats)
@@ -259,7 +258,7 @@ class HopfieldAttention(eqx.Module):
         beta = jnp.asarray(self.head_beta, q.dtype)
         xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, visible))(
             q, k)
-        w = jax.vmap(lambda s, kk: _weights(s, kk, beta, visible))(xi, k)[:, 0]
+        w = jax.vmap(lambda s, kk: _rows(hp.weights, s, kk, beta, visible))(xi, k)[:, 0]
         y = self.to_out(jnp.einsum("hs,hsk->hk", w, v).reshape(-1))
         failed = jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
         return y, {**cache, "k": k, "v": v, "failures": cache["failures"] + failed}

@@ -67,13 +67,15 @@ def _check(name: str, xi, X, mask) -> tuple[int, int]:
 
 def _scores(xi, X, beta, mask):
     z = beta * mm(X, xi)
-    return z if mask is None else jnp.where(mask, z, -jnp.inf)
+    # the most negative float, not −inf: a state that sees no pattern stays finite
+    return z if mask is None else jnp.where(mask, z, jnp.finfo(z.dtype).min)
 
 
 def weights(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None
             ) -> Float[Array, " N"]:
     """`softmax(β X ξ)` `(N,)` over the visible patterns (`mask`, True = visible; zero
-    elsewhere): the attention weights of query ξ on keys X."""
+    elsewhere, and all zero when none is visible): the attention weights of query ξ on
+    keys X."""
     _check("weights", xi, X, mask)
     xi, X = as_float(xi, X)
     p = jax.nn.softmax(_scores(xi, X, beta, mask))
@@ -81,7 +83,8 @@ def weights(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None
 
 
 def update(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None) -> Float[Array, " d"]:
-    """One update `f(ξ) = Xᵀ softmax(β X ξ)` `(d,)` (Eq. 3), over the visible patterns."""
+    """One update `f(ξ) = Xᵀ softmax(β X ξ)` `(d,)` (Eq. 3), over the visible patterns (zero
+    when none is visible)."""
     p = weights(xi, X, beta=beta, mask=mask)
     return mm(p, as_float(X)[0])
 
