@@ -36,6 +36,14 @@ def test_energy_matches_its_definition_and_its_gradient_is_the_update(x64, patte
                                hp.energy(xi, X[::2], beta=1.0), rtol=1e-12)
     np.testing.assert_allclose(hp.update(xi, X, beta=1.0, mask=mask),
                                hp.update(xi, X[::2], beta=1.0), rtol=1e-12)
+    # several states at once equal one at a time (the attention's batched use)
+    Z = jnp.stack([xi, X[1], -xi])
+    M = jnp.stack([mask, ~mask, jnp.ones(8, bool)])
+    np.testing.assert_allclose(hp.update(Z, X, beta=1.0, mask=M),
+                               jnp.stack([hp.update(z, X, beta=1.0, mask=m)
+                                          for z, m in zip(Z, M)]), rtol=1e-12)
+    # a state that sees no pattern gets zero weights, not NaN
+    assert np.all(np.asarray(hp.weights(xi, X, beta=1.0, mask=jnp.zeros(8, bool))) == 0)
 
 
 def test_updates_never_raise_the_energy_and_it_stays_nonnegative(x64):

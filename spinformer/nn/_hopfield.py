@@ -37,19 +37,11 @@ from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_
 from ._masks import combine_masks
 from ._registry import register_attention
 
-def _rows(fn, xi, K, beta, allowed):
-    """`fn(ξ_i, K, beta=, mask=allowed_i)` of `spins.hopfield` for every query's state
-    `xi (n, D_h)` (keys `K (s, D_h)`, `allowed (n, s)` or None: all visible)."""
-    if allowed is None:
-        return jax.vmap(lambda z: fn(z, K, beta=beta))(xi)
-    allowed = jnp.broadcast_to(allowed, (xi.shape[0], K.shape[0]))
-    return jax.vmap(lambda z, m: fn(z, K, beta=beta, mask=m))(xi, allowed)
-
-
 def _update(xi, args):
-    """The Hopfield update of every query's state at once (`spins.hopfield.update`)."""
+    """The Hopfield update of every query's state `xi (n, D_h)` at once, over the keys
+    `K (s, D_h)` each may see (`spins.hopfield.update`, `allowed (n, s)` or None)."""
     K, beta, allowed = args
-    return _rows(hp.update, xi, K, beta, allowed)
+    return hp.update(xi, K, beta=beta, mask=allowed)
 
 
 class HopfieldMode(Choice):
@@ -224,7 +216,7 @@ class HopfieldAttention(eqx.Module):
         beta = jnp.asarray(self.head_beta, q.dtype)
         xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, allowed))(
             q, k)
-        weights = jax.vmap(lambda s, kk: _rows(hp.weights, s, kk, beta, allowed))(xi, k)
+        weights = jax.vmap(lambda s, kk: hp.weights(s, kk, beta=beta, mask=allowed))(xi, k)
         out = jax.vmap(self.to_out)(mix_values(weights, v))
         if return_diagnostics:
             return out, Diagnostics(weights=weights, magnetizations=xi, solver=stats)
@@ -258,7 +250,7 @@ class HopfieldAttention(eqx.Module):
         beta = jnp.asarray(self.head_beta, q.dtype)
         xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, visible))(
             q, k)
-        w = jax.vmap(lambda s, kk: _rows(hp.weights, s, kk, beta, visible))(xi, k)[:, 0]
+        w = jax.vmap(lambda s, kk: hp.weights(s, kk, beta=beta, mask=visible))(xi, k)[:, 0]
         y = self.to_out(jnp.einsum("hs,hsk->hk", w, v).reshape(-1))
         failed = jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
         return y, {**cache, "k": k, "v": v, "failures": cache["failures"] + failed}

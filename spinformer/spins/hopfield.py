@@ -52,39 +52,47 @@ State = Float[ArrayLike, " d"]
 Visible = Optional[Bool[ArrayLike, " N"]]
 
 
-def _check(name: str, xi, X, mask) -> tuple[int, int]:
+def _check(name: str, xi, X, mask, *, batched: bool = False) -> tuple[int, int]:
+    """X `(N, d)`; xi `(d,)` (or `(..., d)` when `batched`); mask `(N,)` (or broadcastable
+    to `(..., N)`)."""
     if jnp.ndim(X) != 2:
         raise ValueError(f"{name}: the stored patterns X must have shape (N, d), got "
                          f"{jnp.shape(X)}. Pass one system per call; vmap over a batch.")
     N, d = jnp.shape(X)
-    if jnp.shape(xi) != (d,):
-        raise ValueError(f"{name}: the state xi must have shape (d,) = ({d},) like a stored "
-                         f"pattern, got {jnp.shape(xi)}.")
-    if mask is not None and jnp.shape(mask) != (N,):
-        raise ValueError(f"{name}: mask must have shape (N,) = ({N},), got {jnp.shape(mask)}.")
+    shape = jnp.shape(xi)
+    if shape[-1:] != (d,) or (not batched and len(shape) != 1):
+        want = f"(..., {d})" if batched else f"(d,) = ({d},)"
+        raise ValueError(f"{name}: the state xi must have shape {want} like a stored "
+                         f"pattern, got {shape}.")
+    if mask is not None:
+        mshape = jnp.shape(mask)
+        if mshape[-1:] != (N,) or (not batched and len(mshape) != 1):
+            raise ValueError(f"{name}: mask must have shape (N,) = ({N},)"
+                             f"{' or (..., N)' if batched else ''}, got {mshape}.")
     return N, d
 
 
 def _scores(xi, X, beta, mask):
-    z = beta * mm(X, xi)
+    z = beta * mm(xi, X.T)
     # the most negative float, not −inf: a state that sees no pattern stays finite
     return z if mask is None else jnp.where(mask, z, jnp.finfo(z.dtype).min)
 
 
 def weights(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None
-            ) -> Float[Array, " N"]:
+            ) -> Float[Array, "... N"]:
     """`softmax(β X ξ)` `(N,)` over the visible patterns (`mask`, True = visible; zero
     elsewhere, and all zero when none is visible): the attention weights of query ξ on
-    keys X."""
-    _check("weights", xi, X, mask)
+    keys X. Several states at once: `xi (..., d)`, `mask (..., N)` → `(..., N)`."""
+    _check("weights", xi, X, mask, batched=True)
     xi, X = as_float(xi, X)
-    p = jax.nn.softmax(_scores(xi, X, beta, mask))
+    p = jax.nn.softmax(_scores(xi, X, beta, mask), axis=-1)
     return p if mask is None else jnp.where(mask, p, 0.0)
 
 
-def update(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None) -> Float[Array, " d"]:
+def update(xi: State, X: Patterns, *, beta: Scalar, mask: Visible = None
+           ) -> Float[Array, "... d"]:
     """One update `f(ξ) = Xᵀ softmax(β X ξ)` `(d,)` (Eq. 3), over the visible patterns (zero
-    when none is visible)."""
+    when none is visible). Several states at once: `xi (..., d)` → `(..., d)`."""
     p = weights(xi, X, beta=beta, mask=mask)
     return mm(p, as_float(X)[0])
 
