@@ -12,6 +12,10 @@ local energies of clean training images (`nn.attractor_sgd_step`) and serves bot
 second one on 4×4 patches is trained for the patch-variance figure. The baselines
 (`nn.PatchReconstructor`: one pre-LN block iterated τ ~ U{3..7} times, and a 5-layer ViT, 4×4
 patches) are trained by backpropagation on each task separately (MSE to the clean image).
+With an `et` section the Energy Transformer (B. Hoover et al., arXiv:2302.07253; its paper's
+own task is masked-image reconstruction) is trained the same way: `nn.PatchReconstructor` with
+one Energy Transformer block (T descent steps of one energy, no MLP, no pre-norm), so t blocks
+continue the same descent to t·T steps; `et_energy.png` shows the energy along that descent.
 
 Runs go to `--runs` (default `runs/attractor_<config>/<model>`): a checksummed checkpoint
 (`train.save_checkpoint`: the `train.RunState` (model, optimiser state, step), and the run's
@@ -28,6 +32,7 @@ clipped to [0, 1] after the paper's variance rescaling (`data.noisy_images`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -52,18 +57,28 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "attractor" / "fmnist.yaml"
 TASKS = ("mask", "noise")
 MODELS = ("attractor", "attractor_p4", "block_mask", "block_noise", "vit_mask", "vit_noise",
-          "attractor_pl")  # the last only when the config has an attractor_pl section
+          "attractor_pl", "et_mask", "et_noise")  # the last three only when the config has
+# an attractor_pl / et section
+OPTIONAL = {"attractor_pl": "attractor_pl", "et_mask": "et", "et_noise": "et"}
 ATTRACTOR_KEYS = {"patch", "dim", "lam_train", "lam_test", "gamma", "norm", "constraint",
                   "objective", "epochs", "batch_size", "lr", "clip"}
 BASELINE_KEYS = {"patch", "dim", "depth", "num_heads", "ffn_hidden", "iterations", "epochs",
                  "batch_size", "lr"}
+# the Energy Transformer: `et_options` are model.energy_transformer's keys (steps, alpha,
+# head_dim, memories, hopfield, beta_hn)
+ET_KEYS = {"patch", "dim", "num_heads", "et_options", "iterations", "epochs", "batch_size", "lr"}
 SECTIONS = {"description", "experiment", "seed", "data", "tasks", "eval", "attractor",
-            "attractor_p4", "attractor_pl", "block", "vit"}
+            "attractor_p4", "attractor_pl", "block", "vit", "et"}
 
 
 # --------------------------------------------------------------------------------------------
 # config
 # --------------------------------------------------------------------------------------------
+
+def _et_config():
+    """The config section `model.energy_transformer` (the Energy Transformer's options)."""
+    return sf.nn.get_attention("energy_transformer").config
+
 
 def load_config(path, overrides=()) -> dict:
     """The experiment config with `attractor_p4` filled from `attractor`; `overrides` are
@@ -87,13 +102,21 @@ def load_config(path, overrides=()) -> dict:
         cfg["attractor_pl"] = {**cfg["attractor"], **(cfg.get("attractor_pl") or {})}
     for sec, keys in (("attractor", ATTRACTOR_KEYS), ("attractor_p4", ATTRACTOR_KEYS),
                       ("attractor_pl", ATTRACTOR_KEYS), ("block", BASELINE_KEYS),
-                      ("vit", BASELINE_KEYS)):
+                      ("vit", BASELINE_KEYS), ("et", ET_KEYS)):
         if sec not in cfg:
             continue
         bad = set(cfg[sec]) - keys
         if bad:
             raise ValueError(f"{path}: unknown key(s) {sorted(bad)} in {sec}; known: "
                              f"{sorted(keys)}.")
+    if "et" in cfg:  # checked (and defaults filled) by the attention's own config section
+        EnergyTransformerConfig = _et_config()
+        try:
+            opts = EnergyTransformerConfig(**(cfg["et"].get("et_options") or {}))
+        except TypeError as e:
+            raise ValueError(f"{path}: et.et_options: {e}; known: "
+                             f"{[f.name for f in dataclasses.fields(EnergyTransformerConfig)]}.")
+        cfg["et"]["et_options"] = dataclasses.asdict(opts)
     return cfg
 
 
@@ -136,8 +159,8 @@ def corrupt(cfg, images, task, *, split, index):
 # --------------------------------------------------------------------------------------------
 
 def models(cfg) -> tuple[str, ...]:
-    """The models this config trains (`attractor_pl` only when it has that section)."""
-    return tuple(m for m in MODELS if m != "attractor_pl" or "attractor_pl" in cfg)
+    """The models this config trains (`attractor_pl`, `et_*` only when it has their section)."""
+    return tuple(m for m in MODELS if m not in OPTIONAL or OPTIONAL[m] in cfg)
 
 
 def build(cfg, name, image_shape):
@@ -150,6 +173,13 @@ def build(cfg, name, image_shape):
     c = cfg[name.split("_")[0]]
     H, W = image_shape
     P = c["patch"]
+    if name.startswith("et"):  # one Energy Transformer block: x <- x_T, no MLP, no pre-norm,
+        # read out through a layer norm (the paper's; see nn.PatchReconstructor)
+        return sf.nn.PatchReconstructor(
+            (H // P) * (W // P), P * P, c["dim"], 1, c["num_heads"], 0,
+            attention="energy_transformer", norm=False, final_norm=True, key=key,
+            attention_kwargs=sf.nn.get_attention("energy_transformer").kwargs_from(
+                _et_config()(**c["et_options"])))
     return sf.nn.PatchReconstructor((H // P) * (W // P), P * P, c["dim"], c["depth"],
                                     c["num_heads"], c["ffn_hidden"], key=key)
 
@@ -380,6 +410,38 @@ def patch_variances(frames_at_t, patch=4):
     return p.var(axis=-1).reshape(-1)
 
 
+def et_energy(cfg, model, clean, task, iterations):
+    """The energy along the descent of a trained Energy Transformer reconstructor, on the
+    corrupted test batch 0: `iterations` blocks of T steps each (the block is trained for one).
+    Returns `{"mean", "sem"}` per token, `(iterations·T + 1,)`, over the images of `clean`."""
+    P = int(cfg["et"]["patch"])
+    x = corrupt(cfg, clean, task, split="test", index=0)
+    patches = jnp.asarray(patchify(x, P, batch_dims=1))
+
+    @eqx.filter_jit
+    def run(m, p):
+        block = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, m.blocks)  # depth 1
+
+        def one(q):
+            def body(h, _):
+                out, d = block.attention(block.attention_input(h), return_diagnostics=True)
+                return h + out, d.fields
+
+            _, e = jax.lax.scan(body, m.encode(q), None, length=int(iterations))
+            return jnp.concatenate([e[0, :1], e[:, 1:].reshape(-1)])
+
+        return jax.vmap(one)(p) / p.shape[1]
+
+    e = np.asarray(run(model, patches))
+    rise = np.diff(e, axis=1) / np.maximum(np.abs(e[:, :-1]), 1e-12)
+    return {"mean": e.mean(axis=0).tolist(),
+            "sem": (e.std(axis=0, ddof=1) / math.sqrt(len(e))).tolist(),
+            "steps_per_block": int(cfg["et"]["et_options"]["steps"]),
+            # images whose energy rose at some step by more than float32 round-off
+            "images_rising": float(np.mean((rise > 1e-5).any(axis=1))),
+            "max_relative_rise": float(rise.max())}
+
+
 def global_attractor(cfg, net, images, steps, starts, key):
     """Where the dynamics go from random starts: random unit tokens, uniform-noise images, and
     test images; distance of the decoded state to the mean training image along the way."""
@@ -422,6 +484,8 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
             jobs.append(("attractor_pl", "attractor_pl", task, None))
         jobs.append(("block", f"block_{task}", task, None))
         jobs.append(("vit", f"vit_{task}", task, None))
+        if "et" in cfg:
+            jobs.append(("et", f"et_{task}", task, None))
     jobs.append(("attractor_p4", "attractor_p4", "mask", None))
     for label, name, task, norm in jobs:
         if not _trained(runs, name):
@@ -439,7 +503,7 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
                                      "train_wall_s": state["wall_s"]}
         res["examples"][f"{label}/{task}"] = {"clean": clean[:6], "input": x[:6],
                                               "best": fr[:6, best]}
-        if task == "mask" and (name.startswith("block") or name.startswith("vit")
+        if task == "mask" and (name.split("_")[0] in ("block", "vit", "et")
                                or name == "attractor_p4"):
             res["patch_var"][label] = patch_variances(fr[:, best], 4)
         if progress:
@@ -447,6 +511,11 @@ def evaluate(cfg, images, runs, *, progress=True) -> dict[str, Any]:
                   f"{mean[best]:.4f}  t={len(mean) - 1} {mean[-1]:.4f}  ({time.time() - t0:.0f} s)",
                   flush=True)
     res["patch_var"]["clean images"] = patch_variances(test[:bs], 4)  # same images as above
+    for task in TASKS:
+        if "et" in cfg and _trained(runs, f"et_{task}"):
+            model, _ = load_model(cfg, f"et_{task}", shape, runs)
+            res.setdefault("et_energy", {})[task] = et_energy(cfg, model, test[:bs], task,
+                                                              steps)
     for task in TASKS:  # a trivial reference: the best blend of the input and the mean image
         res["blend"] = res.get("blend", {})
         res["blend"][task] = blend_baseline(cfg, images, task, bs)
@@ -511,6 +580,27 @@ def observations(res) -> list[tuple[str, str]]:
             out.append((f"(ours) exact pseudo-likelihood training vs the paper's energy, {task}",
                         f"best MSE {mp[pl['best_t']]:.4f} at t={pl['best_t']} vs "
                         f"{ma[a['best_t']]:.4f} at t={a['best_t']}"))
+    for task in TASKS:
+        e, b, v = get(f"et/{task}"), get(f"block/{task}"), get(f"vit/{task}")
+        if e is None:
+            continue
+        m = np.asarray(e["mean"])
+        ref = ", ".join(f"{k} {val:.4f}" for k, val in (("block best", b and min(b["mean"][1:])),
+                                                          ("ViT", v and v["mean"][1])) if val)
+        out.append((f"(ours) Energy Transformer, {task}: its trained descent (t=1) against the "
+                    f"backprop baselines", f"ET {m[1]:.4f} ± {2 * e['sem'][1]:.4f}; {ref}"))
+        en = res.get("et_energy", {}).get(task)
+        if en is not None:
+            T = en["steps_per_block"]
+            out.append((f"(ours) Energy Transformer, {task}: the energy never rises along the "
+                        f"descent, continued past training to {len(m) - 1} blocks "
+                        f"({(len(m) - 1) * T} steps)",
+                        f"{'yes' if en['images_rising'] == 0 else 'no'}: images whose energy "
+                        f"rose at some step {en['images_rising']:.0%} (largest relative rise "
+                        f"{en['max_relative_rise']:.1e}); energy/token {en['mean'][0]:.3f} → "
+                        f"{en['mean'][T]:.3f} (t=1) → {en['mean'][-1]:.3f}; MSE t=1 "
+                        f"{m[1]:.4f}, best t={e['best_t']} {m[e['best_t']]:.4f}, "
+                        f"t={len(m) - 1} {m[-1]:.4f}"))
     pv = res.get("patch_var", {})
     if all(k in pv for k in ("vit", "block", "attractor_p4")):
         keys = ("vit", "block", "attractor_p4", "clean images")
@@ -545,12 +635,13 @@ def write_report(cfg, res, out_dir):
           "global": {k: {kk: vv for kk, vv in v.items() if kk != "final"}
                      for k, v in res.get("global", {}).items()},
           "patch_var_median": {k: float(np.median(v)) for k, v in res["patch_var"].items()},
+          "et_energy": res.get("et_energy", {}),
           "config": {k: v for k, v in cfg.items()}}
     (out / "results.json").write_text(json.dumps(js, indent=1))
 
     styles = {"attractor[sphere]": ("C1", "-"), "attractor[layernorm]": ("C1", ":"),
               "attractor_pl": ("C3", "-."),
-              "block": ("C0", "-"), "vit": ("C2", "--")}
+              "block": ("C0", "-"), "vit": ("C2", "--"), "et": ("C4", "-")}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, task in zip(axes, TASKS):
         for label, (col, ls) in styles.items():
@@ -566,7 +657,8 @@ def write_report(cfg, res, out_dir):
                 "attractor[sphere]": "bare self-attention (no backprop)",
                 "attractor[layernorm]": "same, literal layer norm",
                 "attractor_pl": "same, trained on the exact pseudo-likelihood",
-                "block": "recurrent block (backprop)"}.get(label, label))
+                "block": "recurrent block (backprop)",
+                "et": "Energy Transformer (backprop; t blocks of T steps)"}.get(label, label))
             ax.fill_between(t, m - 2 * s, m + 2 * s, color=col, alpha=0.15)
         bl = res.get("blend", {}).get(task)
         if bl is not None:
@@ -584,8 +676,9 @@ def write_report(cfg, res, out_dir):
     plt.close(fig)
 
     ex = res["examples"]
-    rows = [k for k in ("attractor[sphere]/mask", "block/mask", "vit/mask",
-                        "attractor[sphere]/noise", "block/noise", "vit/noise") if k in ex]
+    rows = [k for k in ("attractor[sphere]/mask", "block/mask", "vit/mask", "et/mask",
+                        "attractor[sphere]/noise", "block/noise", "vit/noise", "et/noise")
+            if k in ex]
     if rows:
         k0 = rows[0]
         n = len(ex[k0]["clean"])
@@ -646,6 +739,32 @@ def write_report(cfg, res, out_dir):
         ax3.axis("off")
         fig.tight_layout()
         fig.savefig(out / "global_attractor.png", dpi=120)
+        plt.close(fig)
+
+    ee = res.get("et_energy", {})
+    if ee:
+        fig, axes = plt.subplots(1, len(ee), figsize=(5.5 * len(ee), 4), squeeze=False)
+        for ax, (task, en) in zip(axes[0], ee.items()):
+            T = en["steps_per_block"]
+            m, s = np.asarray(en["mean"]), np.asarray(en["sem"])
+            k = np.arange(len(m))
+            ax.plot(k, m, color="C4")
+            ax.fill_between(k, m - 2 * s, m + 2 * s, color="C4", alpha=0.2)
+            ax.axvline(T, color="0.5", ls=":", label=f"end of the trained descent ({T} steps)")
+            ax.set_xlabel("descent step")
+            ax.set_ylabel("energy per token", color="C4")
+            ax.set_xscale("symlog", linthresh=T)
+            r = c.get(f"et/{task}")
+            if r is not None:
+                ax2 = ax.twinx()
+                mm = np.asarray(r["mean"])
+                ax2.plot(np.arange(len(mm)) * T, mm, "o-", color="C0", ms=3)
+                ax2.set_ylabel("test MSE per pixel (at each block's end)", color="C0")
+            ax.set_title(f"Energy Transformer, {task}: images whose energy rose "
+                         f"{en['images_rising']:.0%}", fontsize=9)
+            ax.legend(fontsize=7, loc="upper center")
+        fig.tight_layout()
+        fig.savefig(out / "et_energy.png", dpi=120)
         plt.close(fig)
 
     ts = [0, 1, 2, 3, 5, 7, 10, 15, 20, 30]

@@ -262,6 +262,26 @@ def test_patch_reconstructor_shapes_and_iterations():
         m(jnp.ones((5, 16)), 1)
 
 
+def test_energy_transformer_reconstructor_continues_one_descent():
+    """One Energy Transformer block without pre-norm or MLP is x <- x_T, so k iterations are
+    one descent of k*T steps (spins.energy_transformer.descent), read out through the final
+    layer norm."""
+    T = 3
+    m = sf.nn.PatchReconstructor(4, 16, 16, 1, 2, 0, attention="energy_transformer",
+                                 attention_kwargs=dict(steps=T, alpha=0.05), norm=False,
+                                 final_norm=True, key=jax.random.key(0))
+    assert m.blocks.norm1 is None and m.blocks.ffn is None
+    p = jax.random.uniform(jax.random.key(1), (4, 16))
+    attn = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, m.blocks).attention
+    run = sf.spins.energy_transformer.descent(m.encode(p), attn.params(), steps=2 * T,
+                                              alpha=0.05)
+    ln = m.final_norm
+    want = jax.vmap(lambda t: m.unembed(ln(t)))(run.x)
+    np.testing.assert_allclose(m(p, 2), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m.trajectory(p, 2)[2], want, rtol=1e-4, atol=1e-5)
+    assert np.all(np.diff(np.asarray(run.energies)) <= 1e-5)
+
+
 # --- the experiment --------------------------------------------------------------------------
 
 def _load_experiment():
@@ -277,11 +297,11 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
     exp = _load_experiment()
     cfg_path = ROOT / "configs" / "attractor" / "quick.yaml"
     runs, res = tmp_path / "runs", tmp_path / "res"
-    over = ["attractor.epochs=1", "block.epochs=1", "vit.epochs=1"]
-    # four of the seven models (compiles are the cost); the others are built the same way
+    over = ["attractor.epochs=1", "block.epochs=1", "vit.epochs=1", "et.epochs=1"]
+    # five of the nine models (compiles are the cost); the others are built the same way
     assert exp.main(["run", "--config", str(cfg_path), "--runs", str(runs), "--quiet",
                      "--only", "attractor", "attractor_p4", "block_mask", "vit_noise",
-                     "--set", *over]) == 0
+                     "et_mask", "--set", *over]) == 0
     def state():  # the run's state, stored as its newest checkpoint's metadata
         path = sf.train.list_checkpoints(runs / "attractor")[-1][1]
         return sf.train.read_checkpoint(path, sf.train.RunState.init(
@@ -298,12 +318,16 @@ def test_experiment_quick_config_runs_resumes_and_reports(tmp_path):
     assert exp.main(["report", "--config", str(cfg_path), "--runs", str(runs), "--results",
                      str(res), "--quiet", "--set", *over]) == 0
     for f in ("results.json", "attractor.md", "mse_vs_t.png", "reconstructions.png",
-              "patch_variance.png", "global_attractor.png"):
+              "patch_variance.png", "global_attractor.png", "et_energy.png"):
         assert (res / f).exists(), f
     r = json.loads((res / "results.json").read_text())
     for k in ("attractor[sphere]/mask", "attractor[sphere]/noise", "block/mask", "vit/noise",
-              "attractor_p4/mask"):
+              "attractor_p4/mask", "et/mask"):
         assert len(r["curves"][k]["mean"]) == (2 if k.startswith("vit") else 7)
+    # the energy along the Energy Transformer's descent, continued to 6 blocks of 4 steps
+    en = r["et_energy"]["mask"]
+    assert len(en["mean"]) == 6 * en["steps_per_block"] + 1 and en["steps_per_block"] == 4
+    assert 0.0 <= en["images_rising"] <= 1.0 and "et" in r["patch_var_median"]
     assert "block/noise" not in r["curves"]  # not trained: skipped, not invented
     assert 0.0 <= r["blend"]["mask"]["a"] <= 1.0
     # t = 0 is the corrupted input: the same for every model of a task
@@ -318,6 +342,8 @@ def test_experiment_config_errors(tmp_path):
         exp.load_config(cfg_path, ["attractor.lrr=3"])
     with pytest.raises(ValueError, match="unknown section"):
         exp.load_config(cfg_path, ["atractor.lr=3"])
+    with pytest.raises(ValueError, match="et.et_options.*known"):  # checked by the section
+        exp.load_config(cfg_path, ["et.et_options={step: 3}"])
     other = tmp_path / "x.yaml"
     other.write_text("model: {dim: 3}\n")
     with pytest.raises(ValueError, match="not an attractor experiment"):

@@ -333,7 +333,7 @@ def model_analysis(
 
         def layer(block, h, k):
             return fixed_point_analysis(
-                block.attention, jax.vmap(block.norm1)(h), key=k, mask=mask,
+                block.attention, block.attention_input(h), key=k, mask=mask,
                 num_starts=num_starts, cluster_tol=cluster_tol, exact_max=exact_max,
                 power_steps=power_steps)
 

@@ -30,6 +30,10 @@ class FeedForward(eqx.Module):
 class Block(eqx.Module):
     """`x + drop(attn(norm(x)))`, then `x + drop(ffn(norm(x)))` if the block has an FFN.
 
+    With `norm=False` and no FFN the block is `x + attn(x)`: the Energy Transformer's block,
+    whose attention normalises its tokens itself and whose Hopfield energy replaces the MLP
+    (`EnergyTransformerAttention` returns x_T − x, so the block's output is x_T).
+
     **Arguments:**
 
     - `attention`: an attention module called as `attention(x, context=, mask=, state=, key=,
@@ -38,11 +42,12 @@ class Block(eqx.Module):
     - `dim`: model width.
     - `ffn_hidden`: hidden width of the feed-forward network; 0 for no FFN.
     - `dropout`: dropout rate on both residual branches (active only when a `key` is passed).
+    - `norm`: False leaves out both layer norms (the attention sees the residual stream).
     - `key`: PRNG key for the FFN initialisation.
     """
 
     attention: eqx.Module
-    norm1: eqx.nn.LayerNorm
+    norm1: Optional[eqx.nn.LayerNorm]
     norm2: Optional[eqx.nn.LayerNorm]
     ffn: Optional[FeedForward]
     dropout: eqx.nn.Dropout
@@ -54,17 +59,22 @@ class Block(eqx.Module):
         ffn_hidden: int = 0,
         dropout: float = 0.0,
         *,
+        norm: bool = True,
         key: PRNGKeyArray,
     ):
         self.attention = attention
-        self.norm1 = eqx.nn.LayerNorm(dim)
+        self.norm1 = eqx.nn.LayerNorm(dim) if norm else None
         if ffn_hidden > 0:
-            self.norm2 = eqx.nn.LayerNorm(dim)
+            self.norm2 = eqx.nn.LayerNorm(dim) if norm else None
             self.ffn = FeedForward(dim, ffn_hidden, key=key)
         else:
             self.norm2 = None
             self.ffn = None
         self.dropout = eqx.nn.Dropout(dropout)
+
+    def attention_input(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """What the attention sees: the normalised tokens (or `x` itself with `norm=False`)."""
+        return x if self.norm1 is None else jax.vmap(self.norm1)(x)
 
     def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
                  mask: Optional[Bool[Array, "n s"]] = None,
@@ -80,7 +90,7 @@ class Block(eqx.Module):
         if key is not None:
             ka, kd1, kd2 = jax.random.split(key, 3)
         out = self.attention(
-            jax.vmap(self.norm1)(x),
+            self.attention_input(x),
             context=context,
             mask=mask,
             state=state,
@@ -92,7 +102,7 @@ class Block(eqx.Module):
             out, diag = out
         x = x + self.dropout(out, key=kd1, inference=inference)
         if self.ffn is not None:
-            y = jax.vmap(self.ffn)(jax.vmap(self.norm2)(x))
+            y = jax.vmap(self.ffn)(x if self.norm2 is None else jax.vmap(self.norm2)(x))
             x = x + self.dropout(y, key=kd2, inference=inference)
         if return_diagnostics:
             if isinstance(diag, Diagnostics):
