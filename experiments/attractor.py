@@ -420,7 +420,7 @@ def et_energy(cfg, model, clean, task, iterations):
 
     @eqx.filter_jit
     def run(m, p):
-        block = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, m.blocks)  # depth 1
+        block = m.block(0)  # the only one
 
         def one(q):
             def body(h, _):

@@ -272,7 +272,7 @@ def test_energy_transformer_reconstructor_continues_one_descent():
                                  final_norm=True, key=jax.random.key(0))
     assert m.blocks.norm1 is None and m.blocks.ffn is None
     p = jax.random.uniform(jax.random.key(1), (4, 16))
-    attn = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, m.blocks).attention
+    attn = m.block(0).attention
     run = sf.spins.energy_transformer.descent(m.encode(p), attn.params(), steps=2 * T,
                                               alpha=0.05)
     ln = m.final_norm

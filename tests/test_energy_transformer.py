@@ -87,6 +87,39 @@ def test_descent_lowers_the_energy_for_positive_gamma_only(x64):
         assert neg[-1] > neg[0]
 
 
+def test_stationarity_is_the_gradient_the_layer_norm_passes_on(x64):
+    """The layer norm's Jacobian (autodiff) applied to ∂E/∂g is (γ/σ_A) times the projected
+    gradient `stationarity` measures (up to ε/(var + ε))."""
+    x = 3.0 * jax.random.normal(jax.random.key(0), (N, D), jnp.float64) + 1.0
+    p = _params(jax.random.key(1))
+    G = et.energy_grad(et.layer_norm(x, p.gamma, p.delta, p.eps), p)
+    # per token: the Jacobian of g_A with respect to x_A, applied to ∂E/∂g_A
+    JG = jax.vmap(lambda xa, ga: jax.jvp(
+        lambda v: et.layer_norm(v[None], p.gamma, p.delta, p.eps)[0], (xa,), (ga,))[1])(x, G)
+    sigma = np.sqrt(np.var(np.asarray(x), axis=-1) + p.eps)
+    np.testing.assert_allclose(np.linalg.norm(JG, axis=-1) * sigma / float(p.gamma),
+                               et.stationarity(x, p), rtol=1e-5)
+    assert np.all(np.asarray(et.stationarity(x, p)) < np.linalg.norm(G, axis=-1))
+
+
+def test_descent_converges_in_g_while_x_drifts(x64):
+    """No fixed point in x (module docstring): ‖x‖ keeps growing about linearly and ∂E/∂g
+    does not vanish, while the part that moves g decays."""
+    x0 = jax.random.normal(jax.random.key(3), (N, D), jnp.float64)
+    p = _params(jax.random.key(4))
+    descent = jax.jit(et.descent, static_argnames=("steps", "kind"))
+    xs = [descent(x0, p, steps=10, alpha=0.1).x]
+    for _ in range(4):  # 10, 1010, 2010, 3010, 4010 steps
+        xs.append(descent(xs[-1], p, steps=1000, alpha=0.1).x)
+    norms = [float(jnp.linalg.norm(x)) for x in xs]
+    growth = np.diff(norms)
+    assert np.all(growth > 0.8 * growth[0]) and norms[-1] > 100 * norms[0], norms
+    grad = et.energy_grad(et.layer_norm(xs[-1], p.gamma, p.delta, p.eps), p)
+    moving = [float(jnp.linalg.norm(et.stationarity(x, p))) for x in xs]
+    assert float(jnp.linalg.norm(grad)) > 10 * moving[-1], (moving, grad)
+    assert moving[-1] < 0.5 * moving[0], moving  # slowly (non-monotonically) on the way
+
+
 def test_descent_backpropagates_through_every_step(x64):
     x = jax.random.normal(jax.random.key(0), (N, D), jnp.float64)
     p = _params(jax.random.key(1))

@@ -89,6 +89,12 @@ class PatchReconstructor(eqx.Module):
         self.blocks = eqx.filter_vmap(make)(jax.random.split(kb, depth))
         self.depth = int(depth)
 
+    def block(self, i: int = 0) -> Block:
+        """Block `i` of the stack (`blocks` holds them stacked along a leading axis)."""
+        if not 0 <= i < self.depth:
+            raise IndexError(f"PatchReconstructor: block {i} of a stack of {self.depth}.")
+        return jax.tree.map(lambda a: a[i] if eqx.is_array(a) else a, self.blocks)
+
     def _stack(self, x):
         params, static = eqx.partition(self.blocks, eqx.is_array)
 

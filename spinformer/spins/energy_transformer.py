@@ -27,6 +27,19 @@ convex: this needs **γ > 0** (the paper's learned γ has no sign constraint sta
 γ positive. With a finite step the energy is non-increasing only while α is small enough
 (measured in the tests and the notebook).
 
+**The descent has no fixed point in x.** E depends on x only through g, which does not
+change when x_A is shifted along (1, …, 1) or scaled, and ∂E/∂g generally has components
+along those directions that never vanish (g lives on a sphere of radius γ√D around δ, where
+a minimum of E need not be a zero of its gradient in R^D). So x keeps moving — ‖x‖ grows
+about linearly with the number of steps — while g converges: the part of ∂E/∂g the layer
+norm passes on (`stationarity`, zero at a stationary point of E on the layer-norm sphere)
+decays (slowly, not monotonically), and slower the larger ‖x‖ is, since a step moves g by ~α/σ(x_A) (measured: ‖x‖ ≈
+6.5 per step on a random instance while ‖∂E/∂g‖ stays ≈ 66 and the passed-on part falls
+13 → 3.3 from step 10 to 4000; tested). "Tokens converge to a fixed point" holds for g,
+not for x: anything that reads x_T (rather than LN(x_T)) drifts with the number of steps,
+and an equilibrium mode (solve for the stationary point, differentiate implicitly) would
+have to be posed on g's sphere, not as a fixed point of the x update.
+
 `energy_grad` is ∂E/∂g in closed form (tested against autodiff of `energy`):
 ∂E_ATT/∂g = Σ_h [−(A_h K_h) W^Q_h − (A_hᵀ Q_h) W^K_h] with A_h the softmax over the visible
 keys, and ∂E_HN/∂g = −relu(g ξᵀ) ξ (softmax variant: −softmax_μ(β_HN g ξᵀ) ξ).
@@ -42,8 +55,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ._common import Scalar, as_float, check_int
 
-__all__ = ["Descent", "Params", "attention_energy", "attention_weights", "descent", "energy", "energy_grad",
-           "hopfield_energy", "layer_norm", "layer_norm_lagrangian"]
+__all__ = ["Descent", "Params", "attention_energy", "attention_weights", "descent", "energy",
+           "energy_grad", "hopfield_energy", "layer_norm", "layer_norm_lagrangian",
+           "stationarity"]
 
 KINDS = ("relu", "softmax")
 Tokens = Float[ArrayLike, "N D"]
@@ -172,6 +186,22 @@ def energy_grad(g: Tokens, params: Params, *, kind: str = "relu",
     if kind == "relu":
         return grad - jax.nn.relu(P) @ xi
     return grad - jax.nn.softmax(params.beta_hn * P, axis=-1) @ xi
+
+
+def stationarity(x: Tokens, params: Params, *, kind: str = "relu",
+                 mask: Optional[Bool[ArrayLike, "N N"]] = None) -> Float[Array, " N"]:
+    """‖P_A ∂E/∂g_A‖ per token `(N,)`: the part of the energy's gradient that moves g = LN(x),
+    with P_A the projection off the all-ones direction and the centred token x_A − mean(x_A)
+    (∂g_A/∂x_A = (γ/σ_A) P_A for ε → 0). Zero exactly where g is a stationary point of E on
+    the layer-norm sphere; ∂E/∂g itself need not vanish there (see the module docstring)."""
+    _check_tokens("stationarity", x)
+    x = as_float(x)[0]
+    G = energy_grad(layer_norm(x, params.gamma, params.delta, params.eps), params, kind=kind,
+                    mask=mask)
+    c = x - jnp.mean(x, axis=-1, keepdims=True)
+    G = G - jnp.mean(G, axis=-1, keepdims=True)
+    G = G - c * jnp.sum(G * c, axis=-1, keepdims=True) / jnp.sum(c * c, axis=-1, keepdims=True)
+    return jnp.linalg.norm(G, axis=-1)
 
 
 class Descent(NamedTuple):
