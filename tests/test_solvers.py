@@ -740,3 +740,24 @@ def test_import_needs_no_jaxopt():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_python_number_initial_guess():
+    """`root_find(fn, 0.0)`: a Python or NumPy number as x0 is an array like any other."""
+    np.testing.assert_allclose(S.root_find(lambda y, _: y - 3.0, 0.0).value, 3.0, atol=1e-5)
+    sol = S.fixed_point(lambda y, _: 0.5 * y + 1.0, np.float32(0.0),
+                        solver=S.Picard(tol=1e-7, max_steps=100))
+    np.testing.assert_allclose(sol.value, 2.0, atol=1e-6)
+    assert isinstance(sol.value, jax.Array)
+
+
+def test_spin_functions_compute_in_float64_under_x64_from_python_numbers(x64):
+    """Inputs that are all Python numbers take the default float (float64 under x64); arrays
+    keep their dtype (a float32 array with a Python number stays float32)."""
+    from spinformer.spins import vector
+    from spinformer.spins._common import as_float
+
+    assert vector.bessel_ratio(255.0, 2550.0).dtype == jnp.float64
+    assert [a.dtype for a in as_float(1.0, 2)] == [jnp.float64] * 2
+    assert [a.dtype for a in as_float(jnp.ones(2, jnp.float32), 2.0)] == [jnp.float32] * 2
+    assert as_float(jnp.ones(2, jnp.bfloat16))[0].dtype == jnp.float32  # at least float32

@@ -159,6 +159,12 @@ def _as_array_scalars(args):
     return jax.tree.map(conv, args)
 
 
+def _as_array_leaves(x0):
+    """The initial guess with Python and NumPy numbers as JAX arrays (`root_find(fn, 0.0)`),
+    so `fn(x0)` returns arrays whose shapes and dtypes can be compared with x0's."""
+    return jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jnp.asarray(a), x0)
+
+
 @eqx.filter_jit
 def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose):
     x0_flat, unravel = ravel_pytree(x0)
@@ -220,6 +226,7 @@ def fixed_point(
     statistics are its own. The call is compiled once per `fn`, solver, adjoint and input
     shapes (`eqx.filter_jit`), so eager calls with the same function do not recompile.
     """
+    x0 = _as_array_leaves(x0)
     _check_inputs("fixed_point", fn, x0, args, solver, adjoint,
                   (AbstractFixedPointSolver, AbstractRootFinder))
     return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
@@ -242,6 +249,7 @@ def root_find(
     finder, `Newton()` (default) or `Broyden()`. Gradients: `Implicit()` solves
     (∂F/∂x)ᵀ w = −ḡ; `Unrolled()` backpropagates through the iterations.
     """
+    x0 = _as_array_leaves(x0)
     _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)
     return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
                   throw, verbose)

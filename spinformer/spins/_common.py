@@ -94,10 +94,14 @@ def check_vector(name: str, v, what: str, n: int | None = None) -> int:
 
 
 def as_float(*arrays):
-    """Promote inputs to a common floating dtype (float32 unless x64 is on)."""
-    dt = jnp.result_type(*[a for a in arrays if a is not None], jnp.float32)
+    """Promote inputs to a common floating dtype, at least float32: the arrays' own (Python
+    numbers adapt to them), and for inputs that are all Python numbers or integers the
+    default float (float64 when x64 is on, else float32)."""
+    present = [a for a in arrays if a is not None]
+    dt = jnp.result_type(*present) if present else jnp.dtype(jnp.float32)
     if not jnp.issubdtype(dt, jnp.floating):
-        dt = jnp.float32
+        dt = jnp.result_type(float)
+    dt = jnp.promote_types(dt, jnp.float32)
     return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
 
 
