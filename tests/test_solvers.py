@@ -168,8 +168,16 @@ def test_dense_adjoint_solves_what_richardson_cannot(x64):
     np.testing.assert_allclose(g[0], want, rtol=1e-9)
     _, (record,) = S.backward_stats(g[1])
     np.testing.assert_allclose(record[:2], [1, 1])  # one solve: only its residual's product
-    # the Neumann series (Richardson with Picard) needs the spectrum of ∂F/∂x near 1
-    assert not np.all(np.isfinite(jax.grad(loss)(b, S.Implicit(linear_solver=S.Picard()))))
+    np.testing.assert_allclose(record[3], 0)  # no fallback needed
+    # the Neumann series (Richardson with Picard) needs the spectrum of ∂F/∂x near 1: alone it
+    # fails; the default fallback (Auto: a dense solve at this size) answers, and is counted
+    assert not np.all(np.isfinite(jax.grad(loss)(b, S.Implicit(linear_solver=S.Picard(),
+                                                               fallback=None))))
+    adj = S.record_backward(S.Implicit(linear_solver=S.Picard()))
+    g, record = jax.grad(lambda t, probe: loss(t, eqx.tree_at(lambda a: a.probe, adj, probe)),
+                         argnums=(0, 1))(b, adj.probe)
+    np.testing.assert_allclose(g, want, rtol=1e-9)
+    assert record[3] == 1 and record[2] < 1e-9
     with pytest.raises(ValueError, match="needs the solution point"):
         closed.solve(lambda v: v, b, tol=1e-6, max_steps=1)
 
@@ -383,7 +391,7 @@ def test_anderson_safeguard_recovers_from_blowup():
 
 def test_failing_backward_solve_raises_or_nans():
     A = 0.99 * jnp.eye(3)  # slow to invert by Neumann iteration
-    adj = S.Implicit(linear_solver=S.Picard(), max_steps=3)
+    adj = S.Implicit(linear_solver=S.Picard(), max_steps=3, fallback=None)
 
     def loss(b, throw):
         return S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=adj,
@@ -393,6 +401,12 @@ def test_failing_backward_solve_raises_or_nans():
         jax.block_until_ready(jax.grad(loss)(jnp.ones(3), True))
     g = jax.grad(loss)(jnp.ones(3), False)
     assert np.all(np.isnan(g))
+    # the default fallback (a dense solve at this size) answers where the first solve failed
+    rescued = S.Implicit(linear_solver=S.Picard(), max_steps=3)
+    g = jax.grad(lambda b: S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=rescued,
+                                         solver=S.Anderson(tol=1e-6, max_steps=5000)).value.sum())(
+        jnp.ones(3))
+    np.testing.assert_allclose(g, 100.0, rtol=1e-3)
     # With enough steps the same solve succeeds: the failure was the solve, not the map.
     ok = S.Implicit(linear_solver=S.Picard(), max_steps=5000, tol=1e-5)
     g = jax.grad(lambda b: S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=ok,
@@ -761,3 +775,64 @@ def test_spin_functions_compute_in_float64_under_x64_from_python_numbers(x64):
     assert [a.dtype for a in as_float(1.0, 2)] == [jnp.float64] * 2
     assert [a.dtype for a in as_float(jnp.ones(2, jnp.float32), 2.0)] == [jnp.float32] * 2
     assert as_float(jnp.ones(2, jnp.bfloat16))[0].dtype == jnp.float32  # at least float32
+
+
+def test_root_find_default_adjoint_solves_a_root_richardson_cannot(x64):
+    """A well-posed 100-dimensional root whose Jacobian has eigenvalues with negative real
+    parts (cond ~ 280): the Richardson iteration (`Implicit()`'s Anderson without a fallback,
+    the old default) gives NaN gradients; `root_find`'s default (Auto: dense here) and every
+    `Implicit` with its default fallback give the gradient of a dense solve."""
+    n = 100
+    A = jax.random.normal(jax.random.key(0), (n, n)) / np.sqrt(n) + 0.3 * jnp.eye(n)
+    assert np.linalg.eigvals(np.asarray(A)).real.min() < 0
+    theta = jax.random.normal(jax.random.key(1), (n,))
+
+    def F(x, th):
+        return A @ x + 0.1 * jnp.tanh(x) - th
+
+    def loss(th, **kw):
+        return jnp.sum(S.root_find(F, jnp.zeros(n), th, solver=S.Newton(tol=1e-12),
+                                   throw=False, **kw).value ** 2)
+
+    x = S.root_find(F, jnp.zeros(n), theta, solver=S.Newton(tol=1e-12)).value
+    jac = np.asarray(A + jnp.diag(0.1 * (1 - jnp.tanh(x) ** 2)))
+    want = np.linalg.solve(jac.T, 2 * np.asarray(x))  # d(Σx²)/dθ = J⁻ᵀ 2x
+    np.testing.assert_allclose(jax.grad(loss)(theta), want, rtol=1e-8)
+    np.testing.assert_allclose(jax.grad(loss)(theta, adjoint=S.Implicit()), want, rtol=1e-8)
+    old = jax.grad(loss)(theta, adjoint=S.Implicit(fallback=None))
+    assert not np.all(np.isfinite(old))
+
+
+def test_fallback_runs_for_the_failing_systems_of_a_batch():
+    """Under vmap the fallback answers for the systems whose first solve failed and leaves
+    the others' answers as they were; the records count one fallback per failed system."""
+    a = jnp.asarray([1e-3, 0.99, 1e-3, 0.99, 0.99])  # x = a x + b: 3 Picard steps suffice for
+    adj = S.record_backward(S.Implicit(linear_solver=S.Picard(), max_steps=3))  # a = 1e-3 only
+
+    def loss(probe, b):
+        adjoint = eqx.tree_at(lambda t: t.probe, adj, probe)
+
+        def one(ai, bi):
+            return S.fixed_point(lambda x, p: p[0] * x + p[1], jnp.zeros(()), (ai, bi),
+                                 solver=S.Anderson(tol=1e-7, max_steps=100),
+                                 adjoint=adjoint).value
+
+        return jnp.sum(jax.vmap(one)(a, b))
+
+    record, g = jax.grad(loss, argnums=(0, 1))(adj.probe, jnp.ones(5))
+    np.testing.assert_allclose(g, 1.0 / (1.0 - a), rtol=1e-4)  # dx/db = 1 / (1 - a)
+    assert record[0] == 5 and record[3] == 3  # the three systems with a = 0.99
+
+
+def test_auto_is_dense_for_small_systems_and_gmres_for_large():
+    assert isinstance(S.Auto().choose(512), S.Dense)
+    assert isinstance(S.Auto(dense_max=4).choose(5), S.GMRES)
+    from spinformer.solvers._linear import linear_solve
+
+    M = jax.random.normal(jax.random.key(0), (40, 40)) / np.sqrt(40)
+    A = M @ M.T + jnp.eye(40)
+    b = jnp.arange(40.0)
+    for solver in (S.Auto(), S.Auto(dense_max=4, restart=10)):
+        w, ok, steps, rel = linear_solve(solver, lambda v: A @ v, b, tol=1e-5, max_steps=20)
+        assert bool(ok) and float(rel) < 1e-4
+        np.testing.assert_allclose(A @ w, b, rtol=1e-3, atol=1e-3)

@@ -26,7 +26,7 @@ from ._adjoint import (
     spectral_radius,
 )
 from ._fixed_point import fixed_point, root_find
-from ._linear import AbstractLinearSolver, BiCGStab, Dense, GMRES
+from ._linear import AbstractLinearSolver, Auto, BiCGStab, Dense, GMRES
 from ._options import (AdjointOptions, SolverOptions, check_options, register_adjoint,
                        register_solver)
 from ._results import RESULTS, Solution, backward_error_if
@@ -51,6 +51,7 @@ __all__ = [
     "AbstractSolver",
     "AdjointOptions",
     "Anderson",
+    "Auto",
     "BiCGStab",
     "Dense",
     "Broyden",

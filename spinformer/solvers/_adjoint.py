@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
-from ._linear import AbstractLinearSolver, linear_solve
+from ._linear import AbstractLinearSolver, Auto, linear_solve
 from ._solvers import (
     AbstractFixedPointSolver,
     Anderson,
@@ -76,16 +76,21 @@ class Implicit(AbstractAdjoint):
       with `Dense(matrix=...)` from a closed form).
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
+    - `fallback`: the solver tried when `linear_solver` misses its tolerance (default
+      `Auto()`: a dense solve up to 512 unknowns, else GMRES(50) for at least 10 cycles;
+      None: no second try). It costs nothing while the first solve succeeds, also under
+      `vmap` (a batch runs it only when one of its systems needs it, and keeps its answer
+      only for those), and the better of the two answers is kept.
 
     A backward solve that misses its tolerance (checked on the true residual, after the
-    solve) raises when the forward call had `throw=True`, and otherwise makes the gradients
-    NaN. It never returns silent zeros.
+    solve and the fallback) raises when the forward call had `throw=True`, and otherwise
+    makes the gradients NaN. It never returns silent zeros.
 
     The backward solves can be observed: `record_backward(Implicit(...))` gives the adjoint a
     zero `probe` array, and the gradient of a loss with respect to that probe is the sum,
     over every backward solve the loss went through, of `(1, matrix–vector products,
-    relative residual ‖Aw − b‖/‖b‖)` (products are −1 per solve for `BiCGStab`, which does
-    not report them). Inside a model the probe is a leaf like any parameter, so
+    relative residual ‖Aw − b‖/‖b‖, 1 if the fallback ran)` (products are −1 per solve for
+    `BiCGStab`, which does not report them). Inside a model the probe is a leaf like any parameter, so
     stacked layers give per-layer sums and vmapped batches are summed; `backward_stats`
     reads them out of a gradient and zeroes them before an optimizer sees them.
     """
@@ -95,7 +100,8 @@ class Implicit(AbstractAdjoint):
     )
     tol: float = 1e-5
     max_steps: int = eqx.field(default=200, static=True)
-    probe: Optional[Float[Array, "3"]] = None
+    probe: Optional[Float[Array, "4"]] = None
+    fallback: Union[AbstractLinearSolver, AbstractFixedPointSolver, None] = Auto()
 
     def __check_init__(self):
         if not isinstance(self.linear_solver, (AbstractLinearSolver, AbstractFixedPointSolver)):
@@ -104,6 +110,10 @@ class Implicit(AbstractAdjoint):
                 "(solvers.GMRES(), solvers.BiCGStab()) or a fixed-point solver "
                 "(solvers.Anderson(), solvers.Picard()) run on the Richardson map."
             )
+        if self.fallback is not None and not isinstance(
+                self.fallback, (AbstractLinearSolver, AbstractFixedPointSolver)):
+            raise ValueError(f"Implicit(fallback={self.fallback!r}) must be a linear solver "
+                             "(solvers.Auto(), solvers.Dense(), solvers.GMRES()) or None.")
         if not self.tol > 0:
             raise ValueError(f"Implicit(tol={self.tol}) must be > 0.")
         if not (isinstance(self.max_steps, int) and self.max_steps >= 1):
@@ -116,21 +126,36 @@ class Implicit(AbstractAdjoint):
 
     def solve_transpose(self, prob, vjp_x, b, point=None):
         """Solve Aᵀ w = b with A = I − ∂g/∂x (fixed point) or ∂F/∂x (root) at `point =
-        (x, args)`; `(w, ok, products, relative residual)`."""
+        (x, args)`; `(w, ok, products, relative residual, fallback ran)`."""
         if isinstance(prob, _FixedPointProblem):
             def matvec(w):
                 return w - vjp_x(w)
         else:
             matvec = vjp_x
-        return linear_solve(self.linear_solver, matvec, b, tol=self.tol,
-                            max_steps=self.max_steps, point=point)
+        first = linear_solve(self.linear_solver, matvec, b, tol=self.tol,
+                             max_steps=self.max_steps, point=point)
+        if self.fallback is None:
+            return (*first, jnp.zeros((), bool))
+
+        # A loop that runs at most once is a conditional that vmap keeps lazy: the batch
+        # enters it only when one of its systems failed (lax.cond would run both branches).
+        def body(c):
+            w, ok, steps, rel, _ = c
+            w2, ok2, steps2, rel2 = linear_solve(self.fallback, matvec, b, tol=self.tol,
+                                                 max_steps=self.max_steps, point=point)
+            better = ok2 | (rel2 < rel)
+            return (jnp.where(better, w2, w), ok | ok2, steps + steps2,
+                    jnp.where(better, rel2, rel), jnp.ones((), bool))
+
+        return jax.lax.while_loop(lambda c: ~c[1] & ~c[4], body,
+                                  (*first, jnp.zeros((), bool)))
 
 
 def record_backward(adjoint: AbstractAdjoint) -> AbstractAdjoint:
     """`adjoint` with a zero `probe` that records its backward solves (see `Implicit`); other
     adjoints have no backward solve and are returned unchanged."""
     if isinstance(adjoint, Implicit) and adjoint.probe is None:
-        return eqx.tree_at(lambda a: a.probe, adjoint, jnp.zeros(3, jnp.float32),
+        return eqx.tree_at(lambda a: a.probe, adjoint, jnp.zeros(4, jnp.float32),
                            is_leaf=lambda x: x is None)
     return adjoint
 
@@ -159,11 +184,12 @@ def backward_stats(grads):
 
 
 _BACKWARD_MSG = (
-    "Implicit adjoint: the backward linear solve did not reach its tolerance, so the "
-    "gradient of this fixed point / root is unreliable (I - dg/dx may be near-singular: the "
-    "fixed point is close to a bifurcation). Raise Implicit(max_steps=...), try "
-    "linear_solver=GMRES(restart=20), use adjoint=Unrolled(), or pass "
-    "throw=False to receive NaN gradients instead of this error."
+    "Implicit adjoint: the backward linear solve (and its fallback, if it has one) did not "
+    "reach its tolerance, so the gradient of this fixed point / root is unreliable "
+    "(I - dg/dx may be near-singular: the fixed point is close to a bifurcation). Raise "
+    "Implicit(max_steps=...), try linear_solver=GMRES(restart=20) or fallback=Dense(), use "
+    "adjoint=Unrolled() or Phantom(), or pass throw=False to receive NaN gradients instead "
+    "of this error."
 )
 
 
@@ -194,7 +220,7 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
     # parameters' cotangent is unused and compiled away) and the final parameter product
     _, vjp = jax.vjp(fn_of, diff, value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
-    w, ok, steps, rel = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b,
+    w, ok, steps, rel, fell_back = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b,
                                                 point=(value, jax.lax.stop_gradient(vjp_arg[1])))
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
@@ -202,9 +228,10 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
         w = jnp.where(ok, w, jnp.nan)
     g_diff = vjp(w)[0]
     record = None
-    if perturbed[2]:  # the probe: (1 solve, its products, its relative residual)
+    if perturbed[2]:  # the probe: (1 solve, its products, its relative residual, fallback)
         dt = vjp_arg[2].dtype
-        record = jnp.stack([jnp.ones((), dt), steps.astype(dt), rel.astype(dt)])
+        record = jnp.stack([jnp.ones((), dt), steps.astype(dt), rel.astype(dt),
+                            fell_back.astype(dt)])
     return (*g_diff, record)
 
 

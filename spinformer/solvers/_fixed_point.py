@@ -14,6 +14,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit
+from ._linear import Auto
 from ._results import _CODES, RESULTS, Solution, backward_error_if
 from ._solvers import (
     AbstractFixedPointSolver,
@@ -239,7 +240,7 @@ def root_find(
     args: Any = None,
     *,
     solver: AbstractRootFinder = Newton(),
-    adjoint: AbstractAdjoint = Implicit(),
+    adjoint: AbstractAdjoint = Implicit(linear_solver=Auto()),
     throw: bool = True,
     verbose: bool = False,
 ) -> Solution:
@@ -247,7 +248,10 @@ def root_find(
 
     As `fixed_point`, with `fn` the residual F (same structure as x) and `solver` a root
     finder, `Newton()` (default) or `Broyden()`. Gradients: `Implicit()` solves
-    (∂F/∂x)ᵀ w = −ḡ; `Unrolled()` backpropagates through the iterations.
+    (∂F/∂x)ᵀ w = −ḡ, by default with `Auto()` (a dense solve up to 512 unknowns, else
+    GMRES(50)): a root's Jacobian need not be near the identity, where the Richardson
+    iteration of `Implicit()`'s own default diverges; `Unrolled()` backpropagates through the
+    iterations.
     """
     x0 = _as_array_leaves(x0)
     _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)

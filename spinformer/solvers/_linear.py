@@ -1,5 +1,6 @@
-"""Matrix-free linear solvers for the backward pass of `Implicit`: `GMRES`, `BiCGStab`, and
-any fixed-point solver run on the Richardson map.
+"""Linear solvers for the backward pass of `Implicit`: the matrix-free `GMRES`, `BiCGStab`
+and any fixed-point solver run on the Richardson map; `Dense` (the matrix formed, LU or
+Cholesky); `Auto` (`Dense` for small systems, `GMRES` with a long Krylov basis for large).
 
 They solve A w = b given only `matvec(w) = A w`, to the relative tolerance
 ‖A w − b‖₂ ≤ tol·‖b‖₂ within `max_steps` matrix–vector products; the tolerance and budget
@@ -31,9 +32,11 @@ class AbstractLinearSolver(eqx.Module):
         """An approximate solution w of A w = b, started at w = b, and the number of
         matrix–vector products it took (−1 if the method does not report it)."""
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps):
+    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
         """`(w, products, ‖b − A w‖₂)`: `solve` and the true residual of its answer (one
-        product more, unless a solver already has it)."""
+        product more, unless a solver already has it). `point`: the forward solution and its
+        arguments, for solvers that use them (`Dense(matrix=...)`)."""
+        del point
         w, products = self.solve(matvec, b, tol=tol, max_steps=max_steps)
         return w, products, l2_norm(b - matvec(w))
 
@@ -60,7 +63,8 @@ class GMRES(AbstractLinearSolver):
         w, products, _ = self.solve_with_residual(matvec, b, tol=tol, max_steps=max_steps)
         return w, products
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps):
+    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+        del point
         restart = max(1, min(self.restart, b.shape[0]))
         cycles = max(1, math.ceil(max_steps / restart))
         target = tol * l2_norm(b)
@@ -144,6 +148,46 @@ class Dense(AbstractLinearSolver):
         return w, products + 1, l2_norm(b - matvec(w))  # the residual costs a product
 
 
+class Auto(AbstractLinearSolver):
+    """A solver for any non-singular system: `Dense()` when it has at most `dense_max`
+    unknowns (n products and an LU factorisation: exact up to rounding, whatever the
+    spectrum), else `GMRES(restart)` with a budget of at least `cycles` cycles.
+
+    The default of `root_find`'s implicit adjoint (a root's Jacobian need not be near the
+    identity, which the Richardson iteration needs) and of `Implicit`'s `fallback` (the
+    solver tried when the first misses its tolerance). The choice is made from the static
+    size of the system, when the backward pass is traced.
+    """
+
+    dense_max: int = eqx.field(default=512, static=True)
+    restart: int = eqx.field(default=50, static=True)
+    cycles: int = eqx.field(default=10, static=True)
+
+    def __check_init__(self):
+        if not (isinstance(self.dense_max, int) and self.dense_max >= 0):
+            raise ValueError(f"Auto(dense_max={self.dense_max!r}) must be an int >= 0.")
+        if not (isinstance(self.restart, int) and self.restart >= 1
+                and isinstance(self.cycles, int) and self.cycles >= 1):
+            raise ValueError(f"Auto(restart={self.restart!r}, cycles={self.cycles!r}) must "
+                             "be ints >= 1.")
+
+    def choose(self, n: int) -> AbstractLinearSolver:
+        """The solver used for a system of `n` unknowns."""
+        return Dense() if n <= self.dense_max else GMRES(restart=self.restart)
+
+    def _budget(self, n, max_steps):
+        return max_steps if n <= self.dense_max else max(max_steps,
+                                                         self.cycles * min(self.restart, n))
+
+    def solve(self, matvec, b, *, tol, max_steps, point=None):
+        return self.choose(b.size).solve(matvec, b, tol=tol,
+                                         max_steps=self._budget(b.size, max_steps))
+
+    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+        return self.choose(b.size).solve_with_residual(
+            matvec, b, tol=tol, max_steps=self._budget(b.size, max_steps), point=point)
+
+
 def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
     """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map
     w ↦ w + (b − A w), whose fixed-point residual is the linear residual b − A w.
@@ -181,12 +225,9 @@ def linear_solve(linear_solver, matvec, b, *, tol, max_steps, point=None):
         w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
         resid = l2_norm(matvec(w) - b)
-    elif isinstance(linear_solver, Dense):
+    else:  # (GMRES's last cycle already ends with the true residual)
         w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
                                                             max_steps=max_steps, point=point)
-    else:  # GMRES's last cycle already ends with the true residual
-        w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
-                                                            max_steps=max_steps)
     bnorm = l2_norm(b)
     ok = resid <= 10.0 * tol * bnorm + jnp.finfo(b.dtype).tiny
     rel = resid / jnp.where(bnorm > 0, bnorm, 1.0)

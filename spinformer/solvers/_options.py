@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 from .._schema import ConfigError, option
 from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Unrolled
-from ._linear import BiCGStab, Dense, GMRES
+from ._linear import Auto, BiCGStab, Dense, GMRES
 from ._solvers import (AbstractRootFinder, AbstractSolver, Anderson, Broyden, JaxoptAnderson,
                        Newton, Picard)
 
@@ -147,7 +147,8 @@ class SolverOptions(_Named):
                                        damping=self.damping, history=self.history)))
 
 
-_LINEAR = ("anderson", "picard", "gmres", "bicgstab", "dense")
+_LINEAR = ("anderson", "picard", "gmres", "bicgstab", "dense", "auto")
+_FALLBACK = ("auto", "dense", "gmres", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +157,12 @@ class AdjointOptions(_Named):
 
     **Fields:** `name` (a registered adjoint: `implicit`, `unrolled`, `phantom`, `onestep`,
     ...); for `implicit` the backward `linear_solver` (`anderson` or `picard` on the
-    Richardson map, `gmres`, `bicgstab`, `dense`: the matrix formed and solved directly),
-    its relative `tol`, its `max_steps` (matrix–vector
-    products) and `restart` (the GMRES Krylov size or the Anderson history); for `phantom`
-    its `steps` and `damping`.
+    Richardson map, `gmres`, `bicgstab`, `dense`: the matrix formed and solved directly,
+    `auto`: dense up to 512 unknowns, else GMRES(50)), its relative `tol`, its `max_steps`
+    (matrix–vector products) and `restart` (the GMRES Krylov size or the Anderson
+    history), and the `fallback` tried when that solve misses its tolerance (`auto`,
+    `dense`, `gmres` with a 50-vector basis, `none`); for `phantom` its `steps` and
+    `damping`.
     """
 
     _WHAT, _TABLE = "adjoint", _ADJOINTS
@@ -173,6 +176,9 @@ class AdjointOptions(_Named):
                             "products of the backward solve")
     restart: int = option(_default(Implicit, "linear_solver").history, "implicit: GMRES "
                           "Krylov size or Anderson history of the backward solve")
+    fallback: str = option("auto", "implicit: the solver tried when the backward solve "
+                           "misses its tolerance (auto: dense up to 512 unknowns, else "
+                           "GMRES(50); none: no second try)", _FALLBACK)
     steps: int = option(_default(Phantom, "steps"), "phantom: damped steps backpropagated")
     damping: float = option(_default(Phantom, "damping"), "phantom: fraction of the old "
                             "iterate kept")
@@ -197,8 +203,12 @@ class AdjointOptions(_Named):
                 "gmres": lambda: GMRES(restart=self.restart),
                 "bicgstab": BiCGStab,
                 "dense": Dense,
+                "auto": Auto,
             }[self.linear_solver]()
-            return Implicit(linear_solver=linear, tol=self.tol, max_steps=self.max_steps)
+            fallback = {"auto": Auto, "dense": Dense, "gmres": lambda: GMRES(restart=50),
+                        "none": lambda: None}[self.fallback]()
+            return Implicit(linear_solver=linear, tol=self.tol, max_steps=self.max_steps,
+                            fallback=fallback)
         return cls(**_kwargs(cls, dict(steps=self.steps, damping=self.damping)))
 
 

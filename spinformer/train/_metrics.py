@@ -65,11 +65,13 @@ def _all_diag_metrics(diag) -> dict[str, Array]:
 
 
 def _backward_metrics(records: list[Array]) -> dict[str, Array]:
-    """Backward-solve statistics from `solvers.backward_stats` records (each `(..., 3)`:
-    solves, matrix–vector products, relative residuals, summed): `backward_steps` (products
-    per solve; −1 for a linear solver that does not count them, BiCGStab) and
-    `backward_residual` (mean relative residual) overall, and per layer (`backward_steps/0`,
-    ...) when the records have a leading layer axis."""
+    """Backward-solve statistics from `solvers.backward_stats` records (each `(..., 4)`:
+    solves, matrix–vector products, relative residuals, fallbacks run, summed):
+    `backward_steps` (products per solve; −1 for a linear solver that does not count them,
+    BiCGStab), `backward_residual` (mean relative residual) and `backward_fallbacks` (the
+    fraction of solves whose first solver missed its tolerance and that ran the adjoint's
+    fallback) overall, and per layer (`backward_steps/0`, ...) when the records have a
+    leading layer axis."""
     if not records:
         return {}
 
@@ -77,8 +79,9 @@ def _backward_metrics(records: list[Array]) -> dict[str, Array]:
         solves = jnp.maximum(r[..., 0], 1.0)
         return r[..., 1] / solves, r[..., 2] / solves
 
-    total = sum(r.reshape(-1, 3).sum(0) for r in records)
+    total = sum(r.reshape(-1, 4).sum(0) for r in records)
     out = dict(zip(("backward_steps", "backward_residual"), means(total)))
+    out["backward_fallbacks"] = total[3] / jnp.maximum(total[0], 1.0)
     if all(r.shape == records[0].shape for r in records) and records[0].ndim == 2:
         steps, _ = means(sum(records))
         out.update({f"backward_steps/{i}": steps[i] for i in range(steps.shape[0])})
