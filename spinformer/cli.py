@@ -73,9 +73,8 @@ def default_out_dir(config_path: pathlib.Path, resume: bool) -> pathlib.Path:
 
 def _cmd_run(args) -> int:
     from .config import load_config
-    from .train import run
-
-    from .train import TrainingInterrupted, initialize_distributed, is_writer
+    from .train import (TrainingInterrupted, initialize_distributed, is_writer, run,
+                         skipped_steps_note)
 
     path = find_config(args.config)
     cfg = load_config(path, overrides=args.set)
@@ -95,7 +94,10 @@ def _cmd_run(args) -> int:
         return 1
     if is_writer():
         print(json.dumps({"run_dir": str(out), "steps": summary["steps"],
+                          "bad_steps": summary.get("bad_steps", 0),
                           **summary["metrics"]}, indent=2))
+        if summary.get("bad_steps"):
+            print(f"spinformer: warning: {skipped_steps_note(summary)}", file=sys.stderr)
     return 0
 
 

@@ -956,6 +956,13 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     assert [r["step"] for r in recs if r["bad_step"]] == [3, 6]
     assert recs[-1]["bad_steps"] == 2 and s_bad["bad_steps"] == 2
     assert np.isnan(recs[2]["loss"]) and np.isfinite(recs[3]["loss"])
+    # said where the user looks: the report's table and note, and the loss figure's marks
+    from spinformer.train._figures import skipped_steps
+
+    assert skipped_steps(train.read_metrics(tmp_path / "bad")) == [(3, 1), (6, 1)]
+    table = train.report([tmp_path / "bad"])
+    assert "| skipped steps |" in table.splitlines()[0] and "| 8 | 2 |" in table
+    assert "2 of 8 optimizer steps were skipped" in table
     # a skipped step changes nothing: stepping by hand, the state after the poisoned batch
     # equals the state before it
     step = train.jit_step(opt)

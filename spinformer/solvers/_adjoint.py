@@ -139,9 +139,16 @@ class Implicit(AbstractAdjoint):
 
         # A loop that runs at most once is a conditional that vmap keeps lazy: the batch
         # enters it only when one of its systems failed (lax.cond would run both branches).
+        # Every product in it passes through an optimisation barrier with the loop's state:
+        # otherwise XLA hoists the loop-invariant work (a dense fallback's n products) out of
+        # the loop and pays for it at every call (measured: 100x slower backward passes).
         def body(c):
             w, ok, steps, rel, _ = c
-            w2, ok2, steps2, rel2 = linear_solve(self.fallback, matvec, b, tol=self.tol,
+
+            def mv(v):
+                return matvec(jax.lax.optimization_barrier((v, ok))[0])
+
+            w2, ok2, steps2, rel2 = linear_solve(self.fallback, mv, b, tol=self.tol,
                                                  max_steps=self.max_steps, point=point)
             better = ok2 | (rel2 < rel)
             return (jnp.where(better, w2, w), ok | ok2, steps + steps2,

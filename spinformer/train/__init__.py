@@ -23,7 +23,7 @@ from ._experiment import (
     run,
 )
 from ._figures import plot_run, plot_runs
-from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
+from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics, skipped_steps_note
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._objective import Objective, evaluate, init_stream_state, loss_fn
@@ -68,6 +68,7 @@ __all__ = [
     "plot_runs",
     "read_checkpoint",
     "read_metrics",
+    "skipped_steps_note",
     "report",
     "run",
     "save_checkpoint",

@@ -32,6 +32,18 @@ def _series(records, split, key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def skipped_steps(records) -> list[tuple[int, int]]:
+    """`[(step, skipped)]`: the logged train steps at which the count of skipped steps
+    (`bad_steps`, cumulative) had grown since the previous logged step, and by how much."""
+    out, last = [], 0
+    for r in records:
+        if r.get("split") == "train" and "bad_steps" in r:
+            if r["bad_steps"] > last:
+                out.append((int(r["step"]), int(r["bad_steps"] - last)))
+            last = r["bad_steps"]
+    return out
+
+
 def layers_of(records, name: str = "solver_steps") -> list[int]:
     """The layers with a per-layer metric `name` (`solver_steps/0`, ...) in `records`."""
     keys = {k for r in records for k in r if k.startswith(name + "/")}
@@ -69,6 +81,13 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
                 if xs:
                     name = f"{label} {split}".strip()
                     ax.plot(xs, ys, style, color=color, label=name)
+            skipped = skipped_steps(records)
+            if skipped:  # where steps were skipped (non-finite loss or gradient)
+                total = sum(n for _, n in skipped)
+                for j, (s, _) in enumerate(skipped):
+                    ax.axvline(s, color=color, alpha=0.35, lw=0.8, ls="--",
+                               label=(f"{label} {total} skipped steps (dashed: logged "
+                                      f"steps after them)".strip() if j == 0 else None))
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         if ax.has_data():

@@ -148,6 +148,17 @@ def _divergence_message(step: int, bad: int, metrics: dict, out: pathlib.Path,
     )
 
 
+def skipped_steps_note(summary: dict) -> str:
+    """One line on a run's skipped steps (`summary["bad_steps"]` of `summary["steps"]`), for
+    the end of the run and its report."""
+    n, steps = int(summary.get("bad_steps", 0)), summary.get("steps")
+    of = f" of {steps}" if steps else ""
+    return (f"{n}{of} optimizer steps were skipped: their loss or gradient was not finite "
+            "(often a backward solve that missed its tolerance: see the backward_residual and "
+            "backward_fallbacks columns of metrics.jsonl) and the parameters did not change "
+            "at them; loss.png marks where.")
+
+
 def _train_batch(dataset, step: int, accumulate: int):
     """The batch of optimizer step `step`: `dataset.batch(step)`, or with accumulation the
     micro-batches `step*k .. step*k + k-1` stacked on a new leading axis."""

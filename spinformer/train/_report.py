@@ -9,7 +9,7 @@ from typing import Sequence
 import yaml
 
 from ._figures import layers_of, plot_runs
-from ._loop import read_metrics
+from ._loop import read_metrics, skipped_steps_note
 
 
 def _solver_steps(metrics: dict) -> str:
@@ -45,11 +45,12 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
         rows.append((
             d.name, (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
             m.get("loss"), m.get("accuracy"), _solver_steps(m), s.get("wall_time_s"),
+            s.get("bad_steps", 0),
         ))
         runs[d.name] = read_metrics(d)
-    head = ("| run | attention | steps | val loss | val accuracy | solver steps (per layer) "
-            "| wall time (s) |")
-    sep = "|---|---|---|---|---|---|---|"
+    head = ("| run | attention | steps | skipped steps | val loss | val accuracy | solver steps "
+            "(per layer) | wall time (s) |")
+    sep = "|---|---|---|---|---|---|---|---|"
 
     def fmt(v, p=4):
         if v is None:
@@ -57,9 +58,12 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
         return f"{v:.{p}f}" if isinstance(v, float) else str(v)
 
     lines = [head, sep] + [
-        f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3])} | {fmt(r[4])} | {r[5]} | {fmt(r[6], 1)} |"
+        f"| {r[0]} | {r[1]} | {r[2]} | {r[7]} | {fmt(r[3])} | {fmt(r[4])} | {r[5]} | "
+        f"{fmt(r[6], 1)} |"
         for r in rows
     ]
+    lines += [f"\n{r[0]}: {skipped_steps_note({'bad_steps': r[7], 'steps': r[2]})}"
+              for r in rows if r[7]]
     table = "\n".join(lines)
     target = pathlib.Path(out_dir) if out_dir else (dirs[0] if len(dirs) == 1 else pathlib.Path("report"))
     plot_runs(runs, target, prefix="report_")
