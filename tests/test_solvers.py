@@ -23,6 +23,7 @@ FP_SOLVERS = [
     S.Anderson(),
     S.Anderson(history=2, damping=0.3, safeguard=False),
     S.Broyden(),
+    S.Broyden(history=3),
     S.Newton(),
     S.JaxoptAnderson(),
 ]
@@ -129,7 +130,7 @@ def test_root_find_newton_and_broyden(x64):
 
     ref = np.array([np.real([r for r in np.roots([1, 0, 1, -t]) if abs(r.imag) < 1e-9][0])
                     for t in np.asarray(theta)])
-    for solver in (S.Newton(), S.Broyden()):
+    for solver in (S.Newton(), S.Broyden(), S.Broyden(history=8)):
         sol = S.root_find(F, jnp.zeros(3), theta, solver=tuned(solver, tol=1e-12))
         np.testing.assert_allclose(sol.value, ref, atol=1e-10)
         # d x / d t = 1 / (3 x^2 + 1)
@@ -836,3 +837,28 @@ def test_auto_is_dense_for_small_systems_and_gmres_for_large():
         w, ok, steps, rel = linear_solve(solver, lambda v: A @ v, b, tol=1e-5, max_steps=20)
         assert bool(ok) and float(rel) < 1e-4
         np.testing.assert_allclose(A @ w, b, rtol=1e-3, atol=1e-3)
+
+
+def test_limited_memory_broyden_is_dense_broyden_until_its_history_fills(x64):
+    """H = H0 + Σ u_i v_iᵀ is the dense estimate exactly while every update is kept (same
+    iterates); with a short history (restarts from H0) it still converges, on a fixed point
+    and on a root."""
+    n = 40
+    rng = np.random.default_rng(3)
+    W = jnp.asarray(random_contraction(rng, n, 0.8))
+    b = jnp.asarray(rng.normal(size=n))
+    fn = lambda x, a: jnp.tanh(a[0] @ x + a[1])
+    runs = {m: S.fixed_point(fn, jnp.zeros(n), (W, b), solver=S.Broyden(history=m, tol=1e-10,
+                                                                          max_steps=60))
+            for m in (None, 60, 4)}
+    assert int(runs[None].num_steps) == int(runs[60].num_steps)
+    np.testing.assert_allclose(runs[60].value, runs[None].value, atol=1e-12)
+    assert bool(runs[4].result == S.RESULTS.successful)
+    np.testing.assert_allclose(runs[4].value, runs[None].value, atol=1e-9)
+    # a root whose Jacobian is far from -I: H0 is the LU-factored inverse Jacobian at x0
+    A = jnp.asarray(rng.normal(size=(n, n))) / np.sqrt(n) + 2.0 * jnp.eye(n)
+    F = lambda x, t: A @ x + 0.3 * jnp.sin(x) - t
+    sol = S.root_find(F, jnp.zeros(n), b, solver=S.Broyden(history=3, tol=1e-10))
+    assert float(jnp.max(jnp.abs(F(sol.value, b)))) < 1e-9
+    with pytest.raises(ValueError, match="history"):
+        S.Broyden(history=0)

@@ -118,7 +118,9 @@ class SolverOptions(_Named):
     **Fields:** `name` (a registered solver: `anderson`, `picard`, `broyden`, `newton`,
     `jaxopt_anderson`, ...), its stopping rule `tol` (on the max-norm residual) and
     `max_steps`, and the options some solvers take: `damping` (picard, anderson, newton: the
-    fraction of the old iterate kept) and `history` (anderson).
+    fraction of the old iterate kept) and `history` (anderson: residuals kept; broyden:
+    rank-one updates kept before a restart, i.e. limited memory; null: each solver's own
+    default, Anderson's 5 and Broyden's dense estimate).
     """
 
     _WHAT, _TABLE = "solver", _SOLVERS
@@ -129,12 +131,13 @@ class SolverOptions(_Named):
     tol: float = option(_default(Anderson, "tol"), "stop when the max-norm residual is <= tol")
     max_steps: int = option(_default(Anderson, "max_steps"), "most iterations")
     damping: float = option(0.0, "picard, anderson, newton: fraction of the old iterate kept")
-    history: int = option(_default(Anderson, "history"), "anderson: residuals kept")
+    history: Optional[int] = option(None, "anderson: residuals kept (null: 5); broyden: "
+                                    "updates kept before a restart (null: a dense estimate)")
 
     def __post_init__(self):
         if not self.tol > 0:
             raise ConfigError(f"tol={self.tol} must be > 0.")
-        if not (self.max_steps >= 1 and self.history >= 1):
+        if not (self.max_steps >= 1 and (self.history is None or self.history >= 1)):
             raise ConfigError(f"max_steps={self.max_steps} and history={self.history} must "
                               "be >= 1.")
         if not 0.0 <= self.damping < 1.0:
@@ -143,8 +146,10 @@ class SolverOptions(_Named):
     def build(self, *, root: bool = False) -> AbstractSolver:
         """The solver object (`root=True`: refuse a fixed-point-only solver)."""
         cls = self._class(root)
-        return cls(**_kwargs(cls, dict(tol=self.tol, max_steps=self.max_steps,
-                                       damping=self.damping, history=self.history)))
+        values = dict(tol=self.tol, max_steps=self.max_steps, damping=self.damping)
+        if self.history is not None:
+            values["history"] = self.history
+        return cls(**_kwargs(cls, values))
 
 
 _LINEAR = ("anderson", "picard", "gmres", "bicgstab", "dense", "auto")

@@ -18,11 +18,12 @@ through F(x) = g(x) − x.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg  # noqa: F401  (lu_factor, lu_solve)
 from jaxtyping import Array, Bool, Float, Int
 
 from ._results import RESULTS
@@ -407,31 +408,60 @@ class _BroydenState(eqx.Module):
     H: Float[Array, "n n"]  # approximate inverse Jacobian of the residual
 
 
+class _LimitedBroydenState(eqx.Module):
+    x: Float[Array, " n"]
+    F: Float[Array, " n"]
+    rnorm: Float[Array, ""]
+    U: Float[Array, "m n"]  # H = H0 + Σ_i u_i v_iᵀ (rows of U and V; unused rows are zero)
+    V: Float[Array, "m n"]
+    k: Int[Array, ""]  # updates made (the next one overwrites row k mod m)
+    lu: Any  # roots: the LU factors of ∂F/∂x at x0 (H0 = its inverse); fixed points: None
+
+
 class Broyden(AbstractRootFinder):
-    """Broyden's ("good") quasi-Newton method with a dense inverse-Jacobian estimate.
+    """Broyden's ("good") quasi-Newton method.
 
-    For fixed points the residual is F(x) = g(x) − x and the estimate starts at −I, so the
-    first step is a Picard step; for roots it starts at the exact inverse Jacobian at `x0`.
-    Memory is O(n²): meant for states up to a few thousand entries.
+    For fixed points the residual is F(x) = g(x) − x and the inverse-Jacobian estimate
+    starts at −I, so the first step is a Picard step; for roots it starts at the exact
+    inverse Jacobian at `x0` (an LU factorisation, applied by two triangular solves).
 
-    **Arguments:** `tol`, `max_steps`, `norm` as every solver.
+    **Arguments:**
+
+    - `history`: None keeps a dense n×n estimate, updated by a rank-one product each step
+      (O(n²) memory and work per step: states up to a few thousand entries). An int m keeps
+      the rank-one updates, H = H0 + Σ uᵢvᵢᵀ, and restarts from H0 once m are stored
+      (limited memory: O(mn) per step for fixed points; roots keep H0's LU factors, O(n²)).
+    - `tol`, `max_steps`, `norm` as every solver.
     """
 
+    history: Optional[int] = eqx.field(default=None, static=True)
     tol: float = 1e-5
     max_steps: int = eqx.field(default=100, static=True)
     norm: Callable = eqx.field(default=max_norm, static=True)
 
+    def __check_init__(self):
+        if self.history is not None and not (isinstance(self.history, int)
+                                             and self.history >= 1):
+            raise ValueError(f"Broyden(history={self.history!r}) must be None or an int >= 1.")
+
     def init(self, prob, x, args):
         F = prob.residual(x, args)
         n = x.shape[0]
-        if isinstance(prob, _FixedPointProblem):
-            H = -jnp.eye(n, dtype=x.dtype)
-        else:
+        lu = None
+        if not isinstance(prob, _FixedPointProblem):
             J = jax.jacfwd(lambda y: prob.residual(y, args))(x)
-            H = jnp.linalg.inv(J)
-        return _BroydenState(x, F, self._rnorm(F), H)
+            lu = jax.scipy.linalg.lu_factor(J)
+        if self.history is None:
+            H = (-jnp.eye(n, dtype=x.dtype) if lu is None
+                 else jax.scipy.linalg.lu_solve(lu, jnp.eye(n, dtype=x.dtype)))
+            return _BroydenState(x, F, self._rnorm(F), H)
+        zeros = jnp.zeros((self.history, n), x.dtype)
+        return _LimitedBroydenState(x, F, self._rnorm(F), zeros, zeros,
+                                    jnp.zeros((), jnp.int32), lu)
 
     def step(self, prob, s, args):
+        if self.history is not None:
+            return self._limited_step(prob, s, args)
         dx = -s.H @ s.F
         x = s.x + dx
         F = prob.residual(x, args)
@@ -442,6 +472,38 @@ class Broyden(AbstractRootFinder):
         upd = jnp.outer((dx - HdF) / jnp.where(safe, denom, 1.0), dx @ s.H)
         H = jnp.where(safe, s.H + upd, s.H)
         return _BroydenState(x, F, self._rnorm(F), H)
+
+    @staticmethod
+    def _apply(s, y, transpose=False):
+        """H y (or Hᵀ y) with H = H0 + Uᵀ V (rows u_i, v_i)."""
+        if s.lu is None:
+            base = -y
+        else:
+            base = jax.scipy.linalg.lu_solve(s.lu, y, trans=1 if transpose else 0)
+        if transpose:
+            return base + s.V.T @ (s.U @ y)
+        return base + s.U.T @ (s.V @ y)
+
+    def _limited_step(self, prob, s, args):
+        dx = -self._apply(s, s.F)
+        x = s.x + dx
+        F = prob.residual(x, args)
+        dF = F - s.F
+        HdF = self._apply(s, dF)
+        denom = jnp.vdot(dx, HdF)
+        safe = jnp.abs(denom) > 1e-30
+        u = (dx - HdF) / jnp.where(safe, denom, 1.0)
+        v = self._apply(s, dx, transpose=True)
+        # a full history restarts from H0 (dropping only the oldest update would leave the
+        # later ones, each made relative to it, inconsistent: measured to diverge)
+        full = s.k >= self.history
+        U = jnp.where(full, 0.0, s.U)
+        V = jnp.where(full, 0.0, s.V)
+        k = jnp.where(full, 0, s.k)
+        U = jnp.where(safe, U.at[k].set(u), U)
+        V = jnp.where(safe, V.at[k].set(v), V)
+        return _LimitedBroydenState(x, F, self._rnorm(F), U, V, k + safe.astype(jnp.int32),
+                                    s.lu)
 
     def terminate(self, state):
         return self._stop(state.rnorm, ~jnp.isfinite(state.rnorm))
