@@ -100,11 +100,13 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
     best = _BestSoFar(solver)
     max_steps = solver.max_steps
 
-    def run_loop(prob, args, *, differentiable, x0):
+    def run_loop(prob, args, *, differentiable, x0, budget=None):
+        limit = max_steps if budget is None else jnp.minimum(budget, max_steps)
+
         def cond(carry):
             state, k = carry
             done, _ = best.terminate(state)
-            return ~done & (k < max_steps)
+            return ~done & (k < limit)
 
         def body(carry):
             state, k = carry
@@ -166,8 +168,21 @@ def _as_array_leaves(x0):
     return jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jnp.asarray(a), x0)
 
 
+def _check_budget(name, step_budget):
+    """`step_budget` as an int32 array (a run-time value: changing it does not recompile)."""
+    if step_budget is None:
+        return None
+    b = jnp.asarray(step_budget)
+    if b.shape != () or not jnp.issubdtype(b.dtype, jnp.integer):
+        raise ValueError(f"{name}: step_budget must be an integer scalar (a Python int or a "
+                         f"0-d integer array); got {step_budget!r}.")
+    if not isinstance(b, jax.core.Tracer) and int(b) < 0:
+        raise ValueError(f"{name}: step_budget={int(b)} must be >= 0.")
+    return b.astype(jnp.int32)
+
+
 @eqx.filter_jit
-def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose):
+def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget=None):
     x0_flat, unravel = ravel_pytree(x0)
     x0_flat = jax.lax.stop_gradient(x0_flat)
 
@@ -181,7 +196,7 @@ def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose):
     loop = _make_loop(solver, throw, verbose, name)
 
     def run_loop(p, a, *, differentiable):
-        return loop(p, a, differentiable=differentiable, x0=x0_flat)
+        return loop(p, a, differentiable=differentiable, x0=x0_flat, budget=budget)
 
     value, (k, rn, last, result) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
@@ -199,6 +214,7 @@ def fixed_point(
     adjoint: AbstractAdjoint = Implicit(),
     throw: bool = True,
     verbose: bool = False,
+    step_budget: Any = None,
 ) -> Solution:
     """Solve x = fn(x, args) for one problem (vmap for a batch).
 
@@ -220,6 +236,10 @@ def fixed_point(
     - `verbose`: print one line per iteration to stderr: the step, the largest residual over
       the examples of a vmapped solve and how many have converged. Off by default, and then
       free (nothing is added to the compiled loop).
+    - `step_budget`: at most this many iterations, a run-time integer (a Python int or a 0-d
+      integer array, possibly traced): changing it does not recompile, unlike the solver's
+      static `max_steps`, which stays the ceiling. A solve stopped by the budget reports
+      `max_steps_reached`.
 
     **Returns:** a `Solution(value, num_steps, residual, final_residual, result)`.
 
@@ -231,7 +251,7 @@ def fixed_point(
     _check_inputs("fixed_point", fn, x0, args, solver, adjoint,
                   (AbstractFixedPointSolver, AbstractRootFinder))
     return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
-                  adjoint, throw, verbose)
+                  adjoint, throw, verbose, _check_budget("fixed_point", step_budget))
 
 
 def root_find(
@@ -243,6 +263,7 @@ def root_find(
     adjoint: AbstractAdjoint = Implicit(linear_solver=Auto()),
     throw: bool = True,
     verbose: bool = False,
+    step_budget: Any = None,
 ) -> Solution:
     """Solve F(x, args) = 0 for one problem (vmap for a batch).
 
@@ -256,4 +277,4 @@ def root_find(
     x0 = _as_array_leaves(x0)
     _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)
     return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
-                  throw, verbose)
+                  throw, verbose, _check_budget("root_find", step_budget))
