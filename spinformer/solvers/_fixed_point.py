@@ -90,7 +90,8 @@ def _print_progress(name, step, rnorm, done):
     return np.zeros(np.shape(step), np.int32)
 
 
-def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
+def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
+               trace: bool = False):
     """Returns run_loop(prob, args, differentiable, x0) -> (x, stats) with stats
     `(num_steps, residual at x, residual at the last iterate, result)`.
 
@@ -104,12 +105,12 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
         limit = max_steps if budget is None else jnp.minimum(budget, max_steps)
 
         def cond(carry):
-            state, k = carry
+            state, k = carry[:2]
             done, _ = best.terminate(state)
             return ~done & (k < limit)
 
         def body(carry):
-            state, k = carry
+            state, k = carry[:2]
             state = best.step(prob, state, args)
             k = k + 1
             if verbose:
@@ -122,14 +123,21 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
                     jax.ShapeDtypeStruct((), jnp.int32), k, rn, done,
                     vmap_method="expand_dims",
                 )
+            if trace:  # the residual of the newest iterate after k steps
+                return state, k, carry[2].at[k].set(best.best(state)[2])
             return state, k
 
-        init = (best.init(prob, x0, args), jnp.asarray(0, jnp.int32))
+        state0 = best.init(prob, x0, args)
+        init = (state0, jnp.asarray(0, jnp.int32))
+        if trace:
+            last0 = best.best(state0)[2]
+            init += (jnp.full((max_steps + 1,), jnp.nan, last0.dtype).at[0].set(last0),)
         if differentiable:
-            state, k = eqxi.while_loop(cond, body, init, max_steps=max_steps,
-                                       kind="checkpointed")
+            out = eqxi.while_loop(cond, body, init, max_steps=max_steps, kind="checkpointed")
         else:
-            state, k = jax.lax.while_loop(cond, body, init)
+            out = jax.lax.while_loop(cond, body, init)
+        state, k = out[:2]
+        history = jax.lax.stop_gradient(out[2]) if trace else None
         done, code = best.terminate(state)
         x, rn, last = best.best(state)
         result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
@@ -139,7 +147,7 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str):
             x = eqx.branched_error_if(
                 x, result != RESULTS.successful, result, _failure_messages(name)
             )
-        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(last), result)
+        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(last), result, history)
 
     return run_loop
 
@@ -182,7 +190,8 @@ def _check_budget(name, step_budget):
 
 
 @eqx.filter_jit
-def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget=None):
+def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget=None,
+           trace=False):
     x0_flat, unravel = ravel_pytree(x0)
     x0_flat = jax.lax.stop_gradient(x0_flat)
 
@@ -193,16 +202,16 @@ def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, bud
     # the implicit adjoint can differentiate with respect to them.
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
     prob = problem_cls(fn_conv)
-    loop = _make_loop(solver, throw, verbose, name)
+    loop = _make_loop(solver, throw, verbose, name, trace)
 
     def run_loop(p, a, *, differentiable):
         return loop(p, a, differentiable=differentiable, x0=x0_flat, budget=budget)
 
-    value, (k, rn, last, result) = adjoint.attach(prob, args, run_loop, throw)
+    value, (k, rn, last, result, history) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
         value = backward_error_if(value, result != RESULTS.successful, result,
                                   _failure_messages(name))
-    return Solution(unravel(value), k, rn, last, result)
+    return Solution(unravel(value), k, rn, last, result, history)
 
 
 def fixed_point(
@@ -215,6 +224,7 @@ def fixed_point(
     throw: bool = True,
     verbose: bool = False,
     step_budget: Any = None,
+    trace: bool = False,
 ) -> Solution:
     """Solve x = fn(x, args) for one problem (vmap for a batch).
 
@@ -240,8 +250,11 @@ def fixed_point(
       integer array, possibly traced): changing it does not recompile, unlike the solver's
       static `max_steps`, which stays the ceiling. A solve stopped by the budget reports
       `max_steps_reached`.
+    - `trace`: also return the residual after every iteration, `Solution.trace`
+      `(max_steps + 1,)` (index k: after k steps; NaN after the last), per example under
+      `vmap`. Off by default, and then free.
 
-    **Returns:** a `Solution(value, num_steps, residual, final_residual, result)`.
+    **Returns:** a `Solution(value, num_steps, residual, final_residual, result, trace)`.
 
     Under `vmap` each example iterates until it converges and then stops changing; its
     statistics are its own. The call is compiled once per `fn`, solver, adjoint and input
@@ -251,7 +264,8 @@ def fixed_point(
     _check_inputs("fixed_point", fn, x0, args, solver, adjoint,
                   (AbstractFixedPointSolver, AbstractRootFinder))
     return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
-                  adjoint, throw, verbose, _check_budget("fixed_point", step_budget))
+                  adjoint, throw, verbose, _check_budget("fixed_point", step_budget),
+                  bool(trace))
 
 
 def root_find(
@@ -264,6 +278,7 @@ def root_find(
     throw: bool = True,
     verbose: bool = False,
     step_budget: Any = None,
+    trace: bool = False,
 ) -> Solution:
     """Solve F(x, args) = 0 for one problem (vmap for a batch).
 
@@ -277,4 +292,4 @@ def root_find(
     x0 = _as_array_leaves(x0)
     _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)
     return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
-                  throw, verbose, _check_budget("root_find", step_budget))
+                  throw, verbose, _check_budget("root_find", step_budget), bool(trace))

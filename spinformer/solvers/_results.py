@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import equinox as eqx
 import jax
@@ -82,6 +82,8 @@ class Solution(eqx.Module):
     - `final_residual`: the residual norm at the last iterate (larger than `residual` when
       the iteration moved away from its best point before stopping).
     - `result`: a `RESULTS` code (int32 scalar).
+    - `trace`: with `trace=True`, the residual norm after every iteration `(max_steps + 1,)`
+      (index 0: the initial guess; NaN after the last iteration); else None.
 
     Under `vmap` every field gains the batch dimension: each example has its own steps,
     residuals and result.
@@ -92,6 +94,7 @@ class Solution(eqx.Module):
     residual: Float[Array, ""]
     final_residual: Float[Array, ""]
     result: Int[Array, ""]
+    trace: Optional[Float[Array, " T"]] = None
 
 
 # ----------------------------------------------------------------------------- checks
