@@ -925,3 +925,30 @@ def test_residual_trace_per_example():
     g = jax.grad(lambda b: S.fixed_point(fn, jnp.zeros(3), b, solver=solver, trace=True,
                                          adjoint=S.Unrolled()).value.sum())(jnp.ones(3))
     assert np.all(np.isfinite(g))
+
+
+def test_lineax_linear_solvers_in_the_implicit_adjoint(x64):
+    """`Implicit(linear_solver=lineax.LU())` (what optimistix users pass) gives the gradient
+    of our dense solve, and a lineax solver that misses the tolerance fails like ours (NaN
+    with throw=False; here a 2-step GMRES, no fallback)."""
+    # (lineax 0.0.8 with the floor stack, jax 0.8 and equinox 0.13.0, fails inside lineax:
+    # "cannot create weak reference to 'Flatten' object")
+    lx = pytest.importorskip("lineax", minversion="0.1.1")
+    n = 30
+    A = jax.random.normal(jax.random.key(0), (n, n)) / np.sqrt(n) + 0.3 * jnp.eye(n)
+    theta = jax.random.normal(jax.random.key(1), (n,))
+    F = lambda x, th: A @ x + 0.1 * jnp.tanh(x) - th
+
+    def grad(adjoint):
+        return jax.grad(lambda th: jnp.sum(S.root_find(F, jnp.zeros(n), th,
+                                                       solver=S.Newton(tol=1e-12),
+                                                       adjoint=adjoint, throw=False).value ** 2))(
+            theta)
+
+    want = grad(S.Implicit(linear_solver=S.Dense()))
+    np.testing.assert_allclose(grad(S.Implicit(linear_solver=lx.LU())), want, rtol=1e-9)
+    weak = S.Implicit(linear_solver=lx.GMRES(rtol=1e-8, atol=1e-8, max_steps=2, restart=2),
+                      fallback=None)
+    assert not np.all(np.isfinite(grad(weak)))
+    with pytest.raises(ValueError, match="lineax"):
+        S.Implicit(linear_solver="lu")

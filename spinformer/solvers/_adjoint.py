@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
-from ._linear import AbstractLinearSolver, Auto, linear_solve
+from ._linear import AbstractLinearSolver, Auto, is_lineax_solver, linear_solve
 from ._solvers import (
     AbstractFixedPointSolver,
     Anderson,
@@ -73,7 +73,11 @@ class Implicit(AbstractAdjoint):
       needs a contractive map) — or a Krylov solver, `GMRES(restart=...)` or `BiCGStab()`.
       A fixed-point solver's own `tol`, `max_steps` and `norm` are replaced by these.
       `Dense()` forms the matrix and solves directly (small or ill-conditioned systems;
-      with `Dense(matrix=...)` from a closed form).
+      with `Dense(matrix=...)` from a closed form); `Auto()` picks `Dense` up to 512
+      unknowns, else GMRES(50). lineax's solvers work too (`lineax.LU()`,
+      `lineax.GMRES(rtol, atol)`, ...: their own tolerances apply, the residual is checked
+      against `tol` like every other, and they report no product counts); ours count
+      products, and `Dense(matrix=...)` takes a closed-form matrix.
     - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
     - `max_steps`: most matrix–vector products the adjoint solve may use.
     - `fallback`: the solver tried when `linear_solver` misses its tolerance (default
@@ -104,14 +108,16 @@ class Implicit(AbstractAdjoint):
     fallback: Union[AbstractLinearSolver, AbstractFixedPointSolver, None] = Auto()
 
     def __check_init__(self):
-        if not isinstance(self.linear_solver, (AbstractLinearSolver, AbstractFixedPointSolver)):
+        ok = (AbstractLinearSolver, AbstractFixedPointSolver)
+        if not (isinstance(self.linear_solver, ok) or is_lineax_solver(self.linear_solver)):
             raise ValueError(
                 f"Implicit(linear_solver={self.linear_solver!r}) must be a linear solver "
-                "(solvers.GMRES(), solvers.BiCGStab()) or a fixed-point solver "
-                "(solvers.Anderson(), solvers.Picard()) run on the Richardson map."
+                "(solvers.GMRES(), solvers.BiCGStab(), solvers.Dense(), solvers.Auto(), or "
+                "lineax's, e.g. lineax.LU()) or a fixed-point solver (solvers.Anderson(), "
+                "solvers.Picard()) run on the Richardson map."
             )
-        if self.fallback is not None and not isinstance(
-                self.fallback, (AbstractLinearSolver, AbstractFixedPointSolver)):
+        if self.fallback is not None and not (isinstance(self.fallback, ok)
+                                              or is_lineax_solver(self.fallback)):
             raise ValueError(f"Implicit(fallback={self.fallback!r}) must be a linear solver "
                              "(solvers.Auto(), solvers.Dense(), solvers.GMRES()) or None.")
         if not self.tol > 0:

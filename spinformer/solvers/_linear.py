@@ -214,6 +214,21 @@ def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_st
     return best.best(state)[0], k
 
 
+def is_lineax_solver(solver) -> bool:
+    """A linear solver from lineax (`lineax.LU()`, `lineax.GMRES(...)`, ...)."""
+    return type(solver).__module__.split(".")[0] == "lineax"
+
+
+def _lineax_solve(solver, matvec, b):
+    """`(w, products, ‖b − A w‖₂)` by `lineax.linear_solve` on the matrix-free operator
+    (products −1: lineax does not report them; its direct solvers form A from n products)."""
+    import lineax as lx
+
+    op = lx.FunctionLinearOperator(matvec, jax.ShapeDtypeStruct(b.shape, b.dtype))
+    w = lx.linear_solve(op, b, solver=solver, throw=False).value
+    return w, -1, l2_norm(b - matvec(w))
+
+
 def linear_solve(linear_solver, matvec, b, *, tol, max_steps, point=None):
     """Dispatch to a linear solver or a fixed-point solver (`point = (x, args)`, the
     forward solution and its arguments, for a `Dense` solver with a closed-form matrix).
@@ -225,6 +240,8 @@ def linear_solve(linear_solver, matvec, b, *, tol, max_steps, point=None):
         w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
         resid = l2_norm(matvec(w) - b)
+    elif is_lineax_solver(linear_solver):  # its own tolerances (set on the solver object)
+        w, steps, resid = _lineax_solve(linear_solver, matvec, b)
     else:  # (GMRES's last cycle already ends with the true residual)
         w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
                                                             max_steps=max_steps, point=point)
