@@ -94,9 +94,10 @@ class Implicit(AbstractAdjoint):
     zero `probe` array, and the gradient of a loss with respect to that probe is the sum,
     over every backward solve the loss went through, of `(1, matrix–vector products,
     relative residual ‖Aw − b‖/‖b‖, 1 if the fallback ran)` (products are −1 per solve for
-    `BiCGStab`, which does not report them). Inside a model the probe is a leaf like any parameter, so
-    stacked layers give per-layer sums and vmapped batches are summed; `backward_stats`
-    reads them out of a gradient and zeroes them before an optimizer sees them.
+    `BiCGStab` and lineax's solvers, which do not report them). Inside a model the probe is
+    a leaf like any parameter, so stacked layers give per-layer sums and vmapped batches are
+    summed; `backward_stats` reads them out of a gradient and zeroes them before an
+    optimizer sees them.
     """
 
     linear_solver: Union[AbstractLinearSolver, AbstractFixedPointSolver] = Anderson(
@@ -233,8 +234,8 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
     # parameters' cotangent is unused and compiled away) and the final parameter product
     _, vjp = jax.vjp(fn_of, diff, value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
-    w, ok, steps, rel, fell_back = adjoint.solve_transpose(prob, lambda v: vjp(v)[1], b,
-                                                point=(value, jax.lax.stop_gradient(vjp_arg[1])))
+    w, ok, steps, rel, fell_back = adjoint.solve_transpose(
+        prob, lambda v: vjp(v)[1], b, point=(value, jax.lax.stop_gradient(vjp_arg[1])))
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
