@@ -185,12 +185,11 @@ class ImageClassifier(eqx.Module):
         n = num_sites + 1
         reg = get_attention(attention)
         kwargs = dict(attention_kwargs or {})
-        if reg.takes_max_len:
-            kwargs.setdefault("max_len", n)
 
         def make_layer(k):
             ka, kf = jax.random.split(k)
-            attn = reg.cls(dim=dim, num_heads=num_heads, causal=False, key=ka, **kwargs)
+            attn = reg.build(dim=dim, num_heads=num_heads, causal=False, max_len=n, key=ka,
+                             **kwargs)
             if residual:
                 return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
             return BareLayer(attn)

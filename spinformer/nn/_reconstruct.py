@@ -73,8 +73,6 @@ class PatchReconstructor(eqx.Module):
         ffn_hidden = 2 * dim if ffn_hidden is None else int(ffn_hidden)
         reg = get_attention(attention)
         kwargs = dict(attention_kwargs or {})
-        if reg.takes_max_len:
-            kwargs.setdefault("max_len", num_tokens)
         ke, ku, kp, kb = jax.random.split(key, 4)
         self.embed = eqx.nn.Linear(patch_dim, dim, key=ke)
         self.unembed = eqx.nn.Linear(dim, patch_dim, key=ku)
@@ -83,7 +81,8 @@ class PatchReconstructor(eqx.Module):
 
         def make(k):
             ka, kf = jax.random.split(k)
-            attn = reg.cls(dim=dim, num_heads=num_heads, causal=False, key=ka, **kwargs)
+            attn = reg.build(dim=dim, num_heads=num_heads, causal=False, max_len=num_tokens,
+                             key=ka, **kwargs)
             return Block(attn, dim, ffn_hidden, norm=norm, key=kf)
 
         self.blocks = eqx.filter_vmap(make)(jax.random.split(kb, depth))

@@ -83,6 +83,15 @@ class Registration:
     carries_state_keys: tuple[str, ...] = ()
     default: bool = False
 
+    def build(self, *, dim: int, num_heads: int, causal: bool, max_len: int, key,
+              **kwargs):
+        """The attention module `cls(dim=, num_heads=, causal=, key=, **kwargs)`, given
+        `max_len=` (the longest key sequence) when the class takes it and `kwargs` does not
+        set it."""
+        if self.takes_max_len:
+            kwargs.setdefault("max_len", max_len)
+        return self.cls(dim=dim, num_heads=num_heads, causal=causal, key=key, **kwargs)
+
     def kwargs_from(self, section) -> dict:
         """Constructor keyword arguments from the config section (`{}` without a config)."""
         if self.config is None:

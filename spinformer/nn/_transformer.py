@@ -77,13 +77,12 @@ class Transformer(eqx.Module):
             raise ValueError(f"Transformer: depth={depth} must be >= 1.")
         reg = get_attention(attention)
         kwargs = dict(attention_kwargs or {})
-        if reg.takes_max_len:
-            kwargs.setdefault("max_len", max_len)
         ke, kp, kb = jax.random.split(key, 3)
 
         def make_block(k):
             ka, kf = jax.random.split(k)
-            attn = reg.cls(dim=dim, num_heads=num_heads, causal=causal, key=ka, **kwargs)
+            attn = reg.build(dim=dim, num_heads=num_heads, causal=causal, max_len=max_len,
+                             key=ka, **kwargs)
             return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
 
         self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke)
