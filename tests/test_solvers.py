@@ -824,6 +824,46 @@ def test_fallback_runs_for_the_failing_systems_of_a_batch():
     np.testing.assert_allclose(g, 1.0 / (1.0 - a), rtol=1e-4)  # dx/db = 1 / (1 - a)
     assert record[0] == 5 and record[3] == 3  # the three systems with a = 0.99
 
+    # nested vmap (layers x batch): the same answers, one fallback per failed system
+    def nested(probe, b):
+        adjoint = eqx.tree_at(lambda t: t.probe, adj, probe)
+
+        def one(ai, bi):
+            return S.fixed_point(lambda x, p: p[0] * x + p[1], jnp.zeros(()), (ai, bi),
+                                 solver=S.Anderson(tol=1e-7, max_steps=100),
+                                 adjoint=adjoint).value
+
+        return jnp.sum(jax.vmap(jax.vmap(one, (None, 0)), (0, None))(a[:2], b))
+
+    record, g = jax.jit(jax.grad(nested, argnums=(0, 1)))(adj.probe, jnp.ones(3))
+    np.testing.assert_allclose(g, np.full(3, 1.0 / (1.0 - a[0]) + 1.0 / (1.0 - a[1])),
+                               rtol=1e-4)
+    assert record[0] == 6 and record[3] == 3
+
+
+def test_an_unused_fallback_reserves_no_batch_sized_memory():
+    """A dense fallback that a batch does not need adds nothing to the compiled backward
+    pass's buffers (it solves failed systems one at a time). A loop that ran at most once
+    reserved a (batch, n, n) matrix at every call: 2x the temporary memory here, and 40 %
+    more time on a batch-64, n = 256 layer."""
+    rng = np.random.default_rng(0)
+    n, batch = 96, 32
+    W = jnp.asarray(random_contraction(rng, n, 0.5), jnp.float32)
+    X = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
+
+    def temp_bytes(fallback):
+        def loss(W):
+            def one(x):
+                return S.fixed_point(lambda z, a: jnp.tanh(a[0] @ z + a[1]), jnp.zeros(n),
+                                     (W, x), adjoint=S.Implicit(fallback=fallback)).value
+
+            return jnp.sum(jax.vmap(one)(X))
+
+        return jax.jit(jax.grad(loss)).lower(W).compile().memory_analysis().temp_size_in_bytes
+
+    without, dense = temp_bytes(None), temp_bytes(S.Dense())
+    assert dense <= 1.1 * without + 4 * n * n * 8, (without, dense)  # one system's matrix
+
 
 def test_auto_is_dense_for_small_systems_and_gmres_for_large():
     assert isinstance(S.Auto().choose(512), S.Dense)

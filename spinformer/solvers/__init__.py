@@ -30,6 +30,7 @@ from ._linear import AbstractLinearSolver, Auto, BiCGStab, Dense, GMRES
 from ._options import (AdjointOptions, SolverOptions, check_options, register_adjoint,
                        register_solver)
 from ._results import RESULTS, Solution, backward_error_if
+from ._reversible import Reversible, ReversibleAdjoint
 from ._solvers import (
     AbstractFixedPointSolver,
     AbstractRootFinder,
@@ -63,6 +64,8 @@ __all__ = [
     "Phantom",
     "Picard",
     "RESULTS",
+    "Reversible",
+    "ReversibleAdjoint",
     "Solution",
     "SolverOptions",
     "Unrolled",

@@ -15,6 +15,7 @@ from jaxtyping import PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit
 from ._linear import Auto
+from ._reversible import Reversible, ReversibleAdjoint
 from ._results import _CODES, RESULTS, Solution, backward_error_if
 from ._solvers import (
     AbstractFixedPointSolver,
@@ -44,8 +45,14 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, accepted):
         )
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(
-            f"{name}: `adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(); "
-            f"got {adjoint!r}."
+            f"{name}: `adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(), "
+            f"ReversibleAdjoint(); got {adjoint!r}."
+        )
+    if isinstance(adjoint, ReversibleAdjoint) and not isinstance(solver, Reversible):
+        raise ValueError(
+            f"{name}: adjoint=ReversibleAdjoint() runs the steps of solver=Reversible() "
+            f"backwards and fits no other solver; got solver={type(solver).__name__}(). Use "
+            "solver=Reversible(beta=...), or another adjoint (Implicit(), Unrolled())."
         )
     leaves = jax.tree.leaves(x0)
     if not leaves:
@@ -95,13 +102,17 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
     """Returns run_loop(prob, args, differentiable, x0) -> (x, stats) with stats
     `(num_steps, residual at x, residual at the last iterate, result)`.
 
+    With `last=True` it returns `((solver, state), stats)` instead: the solver and its own
+    state after the last iteration (not the best iterate), with the stats of that last
+    iterate; for an adjoint that continues from the solver's state (`ReversibleAdjoint`).
+
     With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
     `backward_error_if` repeats it in the backward pass.
     """
     best = _BestSoFar(solver)
     max_steps = solver.max_steps
 
-    def run_loop(prob, args, *, differentiable, x0, budget=None):
+    def run_loop(prob, args, *, differentiable, x0, budget=None, last=False):
         limit = max_steps if budget is None else jnp.minimum(budget, max_steps)
 
         def cond(carry):
@@ -139,7 +150,11 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
         state, k = out[:2]
         history = jax.lax.stop_gradient(out[2]) if trace else None
         done, code = best.terminate(state)
-        x, rn, last = best.best(state)
+        if last:
+            x = state.inner
+            rn = rn_last = solver.output(state.inner)[1]
+        else:
+            x, rn, rn_last = best.best(state)
         result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
         # the best iterate may meet the tolerance although the last one did not
         result = jnp.where(rn <= solver.tol, RESULTS.successful, result).astype(jnp.int32)
@@ -147,7 +162,10 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
             x = eqx.branched_error_if(
                 x, result != RESULTS.successful, result, _failure_messages(name)
             )
-        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(last), result, history)
+        if last:
+            x = (solver, x)
+        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(rn_last), result,
+                   history)
 
     return run_loop
 
@@ -204,8 +222,9 @@ def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, bud
     prob = problem_cls(fn_conv)
     loop = _make_loop(solver, throw, verbose, name, trace)
 
-    def run_loop(p, a, *, differentiable):
-        return loop(p, a, differentiable=differentiable, x0=x0_flat, budget=budget)
+    def run_loop(p, a, *, differentiable, last=False):
+        return loop(p, a, differentiable=differentiable, x0=x0_flat, budget=budget,
+                    last=last)
 
     value, (k, rn, last, result, history) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
@@ -235,12 +254,14 @@ def fixed_point(
     - `x0`: initial guess, any pytree of floating arrays.
     - `args`: any pytree of arrays and Python scalars `fn` needs (gradients flow to its
       floating leaves).
-    - `solver`: `Anderson()` (default), `Picard(damping)`, the reference `JaxoptAnderson()`,
-      or a root finder (`Broyden()`, `Newton()`) applied to fn(x) − x. The solver carries the
-      stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol), `max_steps` and `norm`, e.g.
-      `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.
+    - `solver`: `Anderson()` (default), `Picard(damping)`, `Reversible(beta)`, the reference
+      `JaxoptAnderson()`, or a root finder (`Broyden()`, `Newton()`) applied to fn(x) − x.
+      The solver carries the stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol),
+      `max_steps` and `norm`, e.g. `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.
     - `adjoint`: how gradients are computed: `Implicit()` (default), `Unrolled()`,
-      `Phantom(steps, damping)`, `OneStep()`.
+      `Phantom(steps, damping)`, `OneStep()`, or `ReversibleAdjoint()` (with
+      `solver=Reversible()` only: the iterations' gradients at constant memory, exact up to
+      rounding errors that grow with the steps).
     - `throw`: raise (at run time, via `eqx.error_if`) if the solve fails; with `False` the
       failure is reported in `Solution.result` per example instead.
     - `verbose`: print one line per iteration to stderr: the step, the largest residual over

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Optional
 from .._schema import ConfigError, option
 from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Unrolled
 from ._linear import Auto, BiCGStab, Dense, GMRES
+from ._reversible import Reversible, ReversibleAdjoint
 from ._solvers import (AbstractRootFinder, AbstractSolver, Anderson, Broyden, JaxoptAnderson,
                        Newton, Picard)
 
@@ -57,10 +58,14 @@ def register_adjoint(name: str, cls: type, *, root: bool = True) -> None:
 
 
 for _name, _cls in (("anderson", Anderson), ("picard", Picard), ("broyden", Broyden),
-                    ("newton", Newton), ("jaxopt_anderson", JaxoptAnderson)):
+                    ("newton", Newton), ("jaxopt_anderson", JaxoptAnderson),
+                    ("reversible", Reversible)):
     register_solver(_name, _cls)
+# the adjoint `reversible` fits the solver `reversible` only (check_options and fixed_point
+# say so)
 for _name, _cls, _root in (("implicit", Implicit, True), ("unrolled", Unrolled, True),
-                           ("phantom", Phantom, False), ("onestep", OneStep, False)):
+                           ("phantom", Phantom, False), ("onestep", OneStep, False),
+                           ("reversible", ReversibleAdjoint, False)):
     register_adjoint(_name, _cls, root=_root)
 del _name, _cls, _root
 
@@ -116,21 +121,23 @@ class SolverOptions(_Named):
     """A solver as config keys (the section `solver` of an attention family).
 
     **Fields:** `name` (a registered solver: `anderson`, `picard`, `broyden`, `newton`,
-    `jaxopt_anderson`, ...), its stopping rule `tol` (on the max-norm residual) and
-    `max_steps`, and the options some solvers take: `damping` (picard, anderson, newton: the
-    fraction of the old iterate kept) and `history` (anderson: residuals kept; broyden:
-    rank-one updates kept before a restart, i.e. limited memory; null: each solver's own
-    default, Anderson's 5 and Broyden's dense estimate).
+    `jaxopt_anderson`, `reversible` (`damping` = 1 − β), ...), its stopping rule `tol`
+    (on the max-norm residual) and `max_steps`, and the options some solvers take:
+    `damping` (picard, anderson, newton, reversible: the fraction of the old iterate kept) and `history`
+    (anderson: residuals kept; broyden: rank-one updates kept before a restart, i.e. limited
+    memory; null: each solver's own default, Anderson's 5 and Broyden's dense estimate).
     """
 
     _WHAT, _TABLE = "solver", _SOLVERS
 
     name: str = option("anderson", "the solver (anderson, picard, broyden, newton, "
-                       "jaxopt_anderson; root problems: the root finders)",
+                       "jaxopt_anderson, reversible; root problems: the root finders)",
                        choices=lambda: tuple(_SOLVERS))
     tol: float = option(_default(Anderson, "tol"), "stop when the max-norm residual is <= tol")
     max_steps: int = option(_default(Anderson, "max_steps"), "most iterations")
-    damping: float = option(0.0, "picard, anderson, newton: fraction of the old iterate kept")
+    damping: Optional[float] = option(None, "picard, anderson, newton, reversible: fraction "
+                                      "of the old iterate kept (null: the solver's default, 0; "
+                                      "reversible's 0.2)")
     history: Optional[int] = option(None, "anderson: residuals kept (null: 5); broyden: "
                                     "updates kept before a restart (null: a dense estimate)")
 
@@ -140,13 +147,15 @@ class SolverOptions(_Named):
         if not (self.max_steps >= 1 and (self.history is None or self.history >= 1)):
             raise ConfigError(f"max_steps={self.max_steps} and history={self.history} must "
                               "be >= 1.")
-        if not 0.0 <= self.damping < 1.0:
+        if self.damping is not None and not 0.0 <= self.damping < 1.0:
             raise ConfigError(f"damping={self.damping} must be in [0, 1).")
 
     def build(self, *, root: bool = False) -> AbstractSolver:
         """The solver object (`root=True`: refuse a fixed-point-only solver)."""
         cls = self._class(root)
-        values = dict(tol=self.tol, max_steps=self.max_steps, damping=self.damping)
+        values = dict(tol=self.tol, max_steps=self.max_steps)
+        if self.damping is not None:
+            values["damping"] = self.damping
         if self.history is not None:
             values["history"] = self.history
         return cls(**_kwargs(cls, values))
@@ -161,19 +170,20 @@ class AdjointOptions(_Named):
     """An adjoint as config keys (the section `adjoint` of an attention family).
 
     **Fields:** `name` (a registered adjoint: `implicit`, `unrolled`, `phantom`, `onestep`,
-    ...); for `implicit` the backward `linear_solver` (`anderson` or `picard` on the
-    Richardson map, `gmres`, `bicgstab`, `dense`: the matrix formed and solved directly,
-    `auto`: dense up to 512 unknowns, else GMRES(50)), its relative `tol`, its `max_steps`
-    (matrix–vector products) and `restart` (the GMRES Krylov size or the Anderson
-    history), and the `fallback` tried when that solve misses its tolerance (`auto`,
-    `dense`, `gmres` with a 50-vector basis, `none`); for `phantom` its `steps` and
-    `damping`.
+    `reversible` (with the solver `reversible` only), ...); for `implicit` the backward
+    `linear_solver` (`anderson` or `picard` on the Richardson map, `gmres`, `bicgstab`,
+    `dense`: the matrix formed and solved directly, `auto`: dense up to 512 unknowns, else
+    GMRES(50)), its relative `tol`, its `max_steps` (matrix–vector products) and `restart`
+    (the GMRES Krylov size or the Anderson history), and the `fallback` tried when that
+    solve misses its tolerance (`auto`, `dense`, `gmres` with a 50-vector basis, `none`);
+    for `phantom` its `steps` and `damping`.
     """
 
     _WHAT, _TABLE = "adjoint", _ADJOINTS
 
     name: str = option("implicit", "how gradients flow through the solution (implicit, "
-                       "unrolled, phantom, onestep)", choices=lambda: tuple(_ADJOINTS))
+                       "unrolled, phantom, onestep, reversible)",
+                       choices=lambda: tuple(_ADJOINTS))
     linear_solver: str = option("anderson", "implicit: the backward linear solver", _LINEAR)
     tol: float = option(_default(Implicit, "tol"), "implicit: relative tolerance of the "
                         "backward solve")
@@ -221,11 +231,17 @@ def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
                   root: bool = False) -> None:
     """Check a family section's `solver` and `adjoint` sub-sections (in its
     `__post_init__`): they must name a registered solver and adjoint that fit the problem
-    (`root=True`: a root, so root finders only). A `ConfigError` names the key and what
-    fits."""
+    (`root=True`: a root, so root finders only) and each other (the adjoint `reversible`
+    needs the solver `reversible`). A `ConfigError` names the key and what fits."""
     for key in (solver, adjoint):
         try:
             getattr(section, key).check(root=root)
         except ConfigError as e:
             raise ConfigError(f"{key}.{e}") from None
+    solver_cls = getattr(section, solver)._class(root)
+    if (getattr(section, adjoint)._class(root) is ReversibleAdjoint
+            and not issubclass(solver_cls, Reversible)):
+        raise ConfigError(f"{adjoint}.name: {getattr(section, adjoint).name!r} runs the "
+                          f"solver 'reversible' backwards and fits no other; {solver}.name is "
+                          f"{getattr(section, solver).name!r}.")
 
