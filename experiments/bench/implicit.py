@@ -77,7 +77,7 @@ def section_time(quick):
         if name != "softmax block":
             _, diag, _, records = f(layer, x)
             steps = f"{float(jnp.mean(diag.solver.num_steps)):.1f}"
-            tot = sum(r.reshape(-1, 3).sum(0) for r in records)
+            tot = sum(r.reshape(-1, r.shape[-1]).sum(0) for r in records)
             bwd = f"{float(tot[1] / max(float(tot[0]), 1.0)):.1f}"
         ratio = "" if name == "softmax block" else f"{t.ratio('softmax block', name):.3f}"
         print(f"{name:>18} {1e3 * t.median(name):8.2f} {ratio:>13} {steps:>10} {bwd:>13}")

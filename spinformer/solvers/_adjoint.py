@@ -233,8 +233,8 @@ def backward_stats(grads):
 
     **Returns:** `(grads, records)`: the gradient with every probe cotangent set to zero (so
     the optimizer and gradient clipping never see it), and the list of the probes'
-    cotangents in tree order, each `(..., 3)` = (solves, products, relative residual) summed
-    over the solves (a leading layer axis when the layers are stacked).
+    cotangents in tree order, each `(..., 4)` = (solves, products, relative residual,
+    fallbacks) summed over the solves (a leading layer axis when the layers are stacked).
     """
     records = []
 
