@@ -186,6 +186,35 @@ class Picard(AbstractFixedPointSolver):
 # ----------------------------------------------------------------------------- Anderson
 
 
+def _spd_solve(G: Float[Array, "m m"], b: Float[Array, " m"]) -> Float[Array, " m"]:
+    """G⁻¹ b for a small symmetric positive definite G, by a Cholesky factorisation written
+    out entry by entry (m is static: Anderson's history).
+
+    The m³/6 scalar operations fuse into one kernel, also batched under `vmap`; a LAPACK or
+    cuSOLVER call per iteration (`jnp.linalg.solve`) costs more than the map itself on small
+    problems (measured: the DEQ and TAP solves of `experiments/bench/peers.py`). A singular
+    G gives non-finite entries, which Anderson's safeguard turns into a Picard step, as it
+    did with the LU solve.
+    """
+    m = G.shape[-1]
+    L = [[None] * m for _ in range(m)]
+    for j in range(m):
+        d = jnp.sqrt(G[j, j] - sum((L[j][k] ** 2 for k in range(j)), jnp.zeros((), G.dtype)))
+        L[j][j] = d
+        for i in range(j + 1, m):
+            L[i][j] = (G[i, j] - sum((L[i][k] * L[j][k] for k in range(j)),
+                                     jnp.zeros((), G.dtype))) / d
+    y = []
+    for i in range(m):
+        y.append((b[i] - sum((L[i][k] * y[k] for k in range(i)), jnp.zeros((), G.dtype)))
+                 / L[i][i])
+    x = [None] * m
+    for i in reversed(range(m)):
+        x[i] = (y[i] - sum((L[k][i] * x[k] for k in range(i + 1, m)), jnp.zeros((), G.dtype))
+                ) / L[i][i]
+    return jnp.stack(x)
+
+
 class _AndersonState(eqx.Module):
     x: Float[Array, " n"]  # current iterate
     r: Float[Array, " n"]  # g(x) - x
@@ -271,7 +300,7 @@ class Anderson(AbstractFixedPointSolver):
         eye = jnp.eye(self.history, dtype=dtype)
         G = s.gram / scale * jnp.outer(maskf, maskf)
         G = G + eye * (1.0 - maskf)[None, :] + self.ridge * eye * maskf[None, :]
-        w = jnp.linalg.solve(G, maskf)
+        w = _spd_solve(G, maskf)
         return w / jnp.sum(w)
 
     def step(self, prob, s, args):
