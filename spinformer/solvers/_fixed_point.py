@@ -52,7 +52,7 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, accepted):
         raise ValueError(
             f"{name}: adjoint=ReversibleAdjoint() runs the steps of solver=Reversible() "
             f"backwards and fits no other solver; got solver={type(solver).__name__}(). Use "
-            "solver=Reversible(beta=...), or another adjoint (Implicit(), Unrolled())."
+            "solver=Reversible(damping=...), or another adjoint (Implicit(), Unrolled())."
         )
     leaves = jax.tree.leaves(x0)
     if not leaves:
@@ -254,7 +254,7 @@ def fixed_point(
     - `x0`: initial guess, any pytree of floating arrays.
     - `args`: any pytree of arrays and Python scalars `fn` needs (gradients flow to its
       floating leaves).
-    - `solver`: `Anderson()` (default), `Picard(damping)`, `Reversible(beta)`, the reference
+    - `solver`: `Anderson()` (default), `Picard(damping)`, `Reversible(damping)`, the reference
       `JaxoptAnderson()`, or a root finder (`Broyden()`, `Newton()`) applied to fn(x) − x.
       The solver carries the stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol),
       `max_steps` and `norm`, e.g. `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.

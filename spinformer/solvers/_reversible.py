@@ -91,8 +91,8 @@ class Reversible(AbstractFixedPointSolver):
       1 − β).
       Larger β takes fewer steps, but each step of `ReversibleAdjoint`'s backward pass
       amplifies rounding errors more (by κ = μ₊²/(1 − β)², see there); per unit of
-      convergence β matters little, the contraction of f decides. Values in [0.5, 0.9)
-      are the useful range.
+      convergence β matters little, the contraction of f decides. β in [0.5, 0.9)
+      (damping 0.1 to 0.5) is the useful range.
     - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
     """
 
@@ -196,7 +196,7 @@ class ReversibleAdjoint(AbstractAdjoint):
             raise ValueError(
                 "ReversibleAdjoint runs the steps of solver=Reversible() backwards and fits "
                 f"no other solver; got {type(solver).__name__}. Use "
-                "solver=Reversible(beta=...), or another adjoint (Implicit(), Unrolled())."
+                "solver=Reversible(damping=...), or another adjoint (Implicit(), Unrolled())."
             )
         value = _reversible_identity((prob, args), state, stats[0], solver.beta, throw)
         return value, stats
