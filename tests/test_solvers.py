@@ -810,7 +810,7 @@ def test_fallback_runs_for_the_failing_systems_of_a_batch():
     a = jnp.asarray([1e-3, 0.99, 1e-3, 0.99, 0.99])  # x = a x + b: 3 Picard steps suffice for
     adj = S.record_backward(S.Implicit(linear_solver=S.Picard(), max_steps=3))  # a = 1e-3 only
 
-    def loss(probe, b):
+    def loss(probe, b, batched=jax.vmap):
         adjoint = eqx.tree_at(lambda t: t.probe, adj, probe)
 
         def one(ai, bi):
@@ -818,7 +818,7 @@ def test_fallback_runs_for_the_failing_systems_of_a_batch():
                                  solver=S.Anderson(tol=1e-7, max_steps=100),
                                  adjoint=adjoint).value
 
-        return jnp.sum(jax.vmap(one)(a, b))
+        return jnp.sum(batched(one)(a, b))
 
     record, g = jax.grad(loss, argnums=(0, 1))(adj.probe, jnp.ones(5))
     np.testing.assert_allclose(g, 1.0 / (1.0 - a), rtol=1e-4)  # dx/db = 1 / (1 - a)
@@ -826,14 +826,8 @@ def test_fallback_runs_for_the_failing_systems_of_a_batch():
 
     # nested vmap (layers x batch): the same answers, one fallback per failed system
     def nested(probe, b):
-        adjoint = eqx.tree_at(lambda t: t.probe, adj, probe)
-
-        def one(ai, bi):
-            return S.fixed_point(lambda x, p: p[0] * x + p[1], jnp.zeros(()), (ai, bi),
-                                 solver=S.Anderson(tol=1e-7, max_steps=100),
-                                 adjoint=adjoint).value
-
-        return jnp.sum(jax.vmap(jax.vmap(one, (None, 0)), (0, None))(a[:2], b))
+        return loss(probe, b, lambda one: lambda a, b: jax.vmap(jax.vmap(one, (None, 0)),
+                                                                 (0, None))(a[:2], b))
 
     record, g = jax.jit(jax.grad(nested, argnums=(0, 1)))(adj.probe, jnp.ones(3))
     np.testing.assert_allclose(g, np.full(3, 1.0 / (1.0 - a[0]) + 1.0 / (1.0 - a[1])),
