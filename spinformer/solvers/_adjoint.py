@@ -137,11 +137,7 @@ class Implicit(AbstractAdjoint):
         (x, args)`; `(w, ok, products, relative residual, fallback ran)`. `vjp_x(v) = vᵀ ∂g/∂x`
         (or vᵀ ∂F/∂x) must be a pytree (`jax.tree_util.Partial`), so that the fallback's
         batching rule can pick one example's linearisation out of a batch."""
-        if isinstance(prob, _FixedPointProblem):
-            def matvec(w):
-                return w - vjp_x(w)
-        else:
-            matvec = vjp_x
+        matvec = _transpose_matvec(isinstance(prob, _FixedPointProblem), vjp_x)
         first = linear_solve(self.linear_solver, matvec, b, tol=self.tol,
                              max_steps=self.max_steps, point=point)
         if self.fallback is None:
@@ -149,6 +145,11 @@ class Implicit(AbstractAdjoint):
 
         return _fallback_solve(self.fallback, self.tol, self.max_steps,
                                isinstance(prob, _FixedPointProblem), vjp_x, b, point, first)
+
+
+def _transpose_matvec(fixed_point, vjp_x):
+    """w ↦ Aᵀw for the adjoint system: A = I − ∂g/∂x (fixed point) or ∂F/∂x (root)."""
+    return (lambda w: w - vjp_x(w)) if fixed_point else vjp_x
 
 
 def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first):
@@ -168,7 +169,7 @@ def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first)
     def run(dyn, b, first):
         w, ok, steps, rel = first
         vjp_x, point = eqx.combine(dyn, static)
-        matvec = (lambda v: v - vjp_x(v)) if fixed_point else vjp_x
+        matvec = _transpose_matvec(fixed_point, vjp_x)
         w2, ok2, steps2, rel2 = linear_solve(solver, matvec, b, tol=tol, max_steps=max_steps,
                                              point=point)
         better = ok2 | (rel2 < rel)
