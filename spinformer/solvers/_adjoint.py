@@ -287,7 +287,8 @@ def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw)
     _, vjp = jax.vjp(fn_of, diff, value)
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
     w, ok, steps, rel, fell_back = adjoint.solve_transpose(
-        prob, jax.tree_util.Partial(lambda f, v: f(v)[1], vjp), b, point=(value, jax.lax.stop_gradient(vjp_arg[1])))
+        prob, jax.tree_util.Partial(lambda f, v: f(v)[1], vjp), b,
+        point=(value, jax.lax.stop_gradient(vjp_arg[1])))
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
