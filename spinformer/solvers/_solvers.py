@@ -323,27 +323,33 @@ class Anderson(AbstractFixedPointSolver):
         anchor_x = jnp.where(improved, x_new, s.anchor_x)
         anchor_r = jnp.where(improved, r_new, s.anchor_r)
         anchor_rnorm = jnp.where(improved, rn, s.anchor_rnorm)
-
-        # Normal update: put (x_new, r_new) in the history.
-        p = s.pos
-        X = s.X.at[p].set(x_new)
-        R = s.R.at[p].set(r_new)
-        row = R @ r_new
-        gram = s.gram.at[p, :].set(row).at[:, p].set(row)
-        mask = s.mask.at[p].set(True)
-        normal = _AndersonState(
-            x_new, r_new, rn, X, R, gram, mask, (p + 1) % self.history,
-            anchor_x, anchor_r, anchor_rnorm, jnp.asarray(False), ~finite,
-        )
-        if not self.safeguard:
-            return normal
-        bad = (~finite | (rn > self.safeguard_growth * s.anchor_rnorm)) & ~s.restarted
-        restart = self._fresh(
-            anchor_x, anchor_r, anchor_rnorm, ~finite & s.restarted, jnp.asarray(True)
-        )
         # A failure right after a restart is not retried: it is reported.
-        normal = eqx.tree_at(lambda t: t.nonfinite, normal, ~finite & s.restarted)
-        return jax.tree.map(lambda a, b: jnp.where(bad, a, b), restart, normal)
+        nonfinite = ~finite & s.restarted
+        if self.safeguard:
+            bad = (~finite | (rn > self.safeguard_growth * s.anchor_rnorm)) & ~s.restarted
+        else:
+            bad = jnp.zeros((), bool)
+            nonfinite = ~finite
+
+        # Normal update: (x_new, r_new) goes into history slot p. A restart clears the
+        # history to the best iterate alone: that iterate goes into slot p and the mask keeps
+        # only p, so the (m, n) history is written one row at a time either way (selecting
+        # between a fresh and an updated history copied it twice per step: measured 2x
+        # Picard's time per step on a batch of contractive maps).
+        p = s.pos
+        x = jnp.where(bad, anchor_x, x_new)
+        r = jnp.where(bad, anchor_r, r_new)
+        X = s.X.at[p].set(x)
+        R = s.R.at[p].set(r)
+        row = R @ r
+        gram = s.gram.at[p, :].set(row).at[:, p].set(row)
+        onehot = jnp.arange(self.history) == p
+        mask = jnp.where(bad, onehot, s.mask | onehot)
+        gram = jnp.where(bad, gram * jnp.outer(onehot, onehot), gram)
+        return _AndersonState(
+            x, r, jnp.where(bad, anchor_rnorm, rn), X, R, gram, mask, (p + 1) % self.history,
+            anchor_x, anchor_r, anchor_rnorm, bad, nonfinite,
+        )
 
     def terminate(self, state):
         return self._stop(state.rnorm, state.nonfinite)
