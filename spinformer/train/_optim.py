@@ -7,6 +7,7 @@ from typing import Optional
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optax
 from jaxtyping import PyTree
 
@@ -68,7 +69,15 @@ def init_opt_state(optimizer: optax.GradientTransformation, model) -> PyTree:
 
 def num_params(model) -> int:
     """The number of trainable numbers in `model` (the implicit adjoints' backward-solve
-    probes, `solvers.record_backward`, are not parameters and are not counted)."""
+    probes, `solvers.record_backward`, are not parameters and are not counted). `model` may
+    be abstract (`eqx.filter_eval_shape(build, ...)`: its leaves `jax.ShapeDtypeStruct`),
+    which counts a model without creating it."""
     is_adjoint = lambda x: isinstance(x, solvers.Implicit)  # noqa: E731
     no_probes = jax.tree.map(lambda x: None if is_adjoint(x) else x, model, is_leaf=is_adjoint)
-    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(no_probes, eqx.is_inexact_array))))
+
+    def trainable(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jnp.issubdtype(x.dtype, jnp.inexact)
+        return eqx.is_inexact_array(x)
+
+    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(no_probes, trainable))))

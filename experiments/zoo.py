@@ -1,0 +1,850 @@
+"""The attention zoo: every registered attention family on every task it applies to, on one
+trainer, one data pipeline and one budget per task, in one table.
+
+    python experiments/zoo.py run                  # every unfinished run of configs/zoo.yaml
+    python experiments/zoo.py run --workers 2      # two worker processes (one core each)
+    python experiments/zoo.py report               # tables + figures from what is finished
+    python experiments/zoo.py all --quick          # the quick grid (configs/zoo_quick.yaml)
+    python experiments/zoo.py plan                 # what would run, and why cells are empty
+
+The grid file (`--grid`, default `configs/zoo.yaml`; `--quick`: `configs/zoo_quick.yaml`)
+names the tasks (a base config, changes, the metric and the split it is measured on), the
+families (config changes, per-task changes, the knob that matches the parameter count to
+softmax's, tasks skipped with a reason), the seeds and the learning-rate candidates.
+
+**Protocol.** For each task × family: the family's parameter count is matched to softmax's on
+that task by its knob (`match`, e.g. the FFN width), where the knob can reach it. The first
+seed trains once per learning-rate candidate (the task's `train.lr` times each
+`lr_factors`, `train.coupling_lr` scaled alike); the candidate with the lowest final
+validation loss is the cell's learning rate, and the other seeds train with it. Every family
+gets the same candidates and the same budget, so none wins by tuning. The first seed's runs
+chose the learning rate on the validation split; the metric is read on the test split where the
+task has one (for characters, which has none, on validation: a small optimistic bias that every
+family shares).
+
+**Cells.** The task metric (mean ± the half-width of the 95 % t-interval over seeds), its gap
+to softmax paired by seed (and for perplexity the paired ratio), and the costs measured in the
+same runs: parameters, training throughput (steps per second after the first log, as a ratio to
+softmax's on the same task; workers running side by side share the machine, so read it as
+rough), the compiled training step's memory (arguments + outputs + XLA's temporaries, from
+`memory_analysis()`), forward solver steps and backward products per layer (the diagnostics'
+means over layers), failed solves and skipped steps. A family that cannot run a task gets a
+cell that says why: the grid's `skip` reason, or the library's own error when it refuses to
+build the model (for example, a non-causal attention in a language model).
+
+**Resuming.** Runs go to `--runs/<task>/<family>/lr<factor>_s<seed>` (default
+`runs/zoo`, `runs/zoo_quick` with `--quick`); a finished run (`result.json`) is skipped, a run
+killed midway resumes from its checkpoint, and a run that raised is recorded (`failed.json`,
+with the error) and the grid goes on (`--retry-failed` tries them again). Several workers may
+share one `--runs` directory: each claims a run with a lock directory (a stale lock of a dead
+process is taken over).
+
+`report` writes `--results` (default `experiments/results/zoo`, `.../zoo_quick` with `--quick`):
+`zoo.md` (the summary table and one table per task), `zoo.json` (every number), `gaps.png`
+(a heat map of the paired gaps to softmax) and `cost.png` (quality against throughput per task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+import numpy as np
+import yaml
+
+import spinformer as sf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _cli import ROOT, chosen, dispatch, make_parser  # noqa: E402
+from _stats import mean_ci  # noqa: E402
+
+METRICS = {"accuracy": True, "perplexity": False, "loss": False}  # name -> higher is better
+GRID_KEYS = {"description", "seeds", "lr_factors", "match_params", "tasks", "families"}
+TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches"}
+FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
+REFERENCE = "softmax"
+
+
+# ------------------------------------------------------------------------------ the grid
+
+def load_grid(path) -> dict:
+    """The grid file, checked: unknown keys, a missing reference family, a metric or split
+    that does not exist are errors that name the key."""
+    path = pathlib.Path(path)
+    grid = yaml.safe_load(path.read_text()) or {}
+
+    def bad(msg):
+        raise SystemExit(f"{path}: {msg}")
+
+    if set(grid) - GRID_KEYS:
+        bad(f"unknown key(s) {sorted(set(grid) - GRID_KEYS)}; known: {sorted(GRID_KEYS)}.")
+    for key in ("seeds", "lr_factors", "tasks", "families"):
+        if not grid.get(key):
+            bad(f"`{key}` is missing or empty.")
+    if REFERENCE not in grid["families"]:
+        bad(f"the families must include `{REFERENCE}` (every gap is taken to it).")
+    for name, t in grid["tasks"].items():
+        if set(t) - TASK_KEYS:
+            bad(f"tasks.{name}: unknown key(s) {sorted(set(t) - TASK_KEYS)}; known: "
+                f"{sorted(TASK_KEYS)}.")
+        if t.get("metric") not in METRICS:
+            bad(f"tasks.{name}.metric must be one of {sorted(METRICS)}; got {t.get('metric')!r}.")
+        if t.get("split", "val") not in ("val", "test"):
+            bad(f"tasks.{name}.split must be val or test; got {t.get('split')!r}.")
+        if not (ROOT / t.get("config", "")).is_file():
+            bad(f"tasks.{name}.config: no config file {t.get('config')!r} (relative to the "
+                "repository root).")
+    for name, f in grid["families"].items():
+        if set(f) - FAMILY_KEYS:
+            bad(f"families.{name}: unknown key(s) {sorted(set(f) - FAMILY_KEYS)}; known: "
+                f"{sorted(FAMILY_KEYS)}.")
+        for t in list(f.get("tasks") or {}) + list(f.get("skip") or {}):
+            if t not in grid["tasks"]:
+                bad(f"families.{name}: task {t!r} is not in the grid's tasks "
+                    f"{sorted(grid['tasks'])}.")
+    grid.setdefault("match_params", True)
+    grid["seeds"] = [int(s) for s in grid["seeds"]]
+    grid["lr_factors"] = [float(x) for x in grid["lr_factors"]]
+    return grid
+
+
+def _resolve(changes: dict) -> dict:
+    """`data.path` values that name a file of the repository are made absolute (so a grid
+    works from any directory)."""
+    out = dict(changes)
+    p = out.get("data.path")
+    if isinstance(p, str) and (ROOT / p).is_file():
+        out["data.path"] = str(ROOT / p)
+    return out
+
+
+def family_changes(grid, task: str, family: str) -> dict:
+    f = grid["families"][family]
+    per_task = (f.get("tasks") or {}).get(task) or {}
+    return {**(f.get("set") or {}), **(per_task.get("set") or {})}
+
+
+def family_label(grid, task: str, family: str) -> str:
+    f = grid["families"][family]
+    return ((f.get("tasks") or {}).get(task) or {}).get("label") or f.get("label") or family
+
+
+def base_config(grid, task: str, family: str, extra: Optional[dict] = None):
+    """The config of `family` on `task` before seeds, learning rate and matching."""
+    t = grid["tasks"][task]
+    cfg = sf.config.load_config(ROOT / t["config"])
+    changes = {**_resolve(t.get("set") or {}), **family_changes(grid, task, family),
+               "train.progress": False, **(extra or {})}
+    return cfg.replace(changes)
+
+
+def with_lr(cfg, factor: float, seed: int):
+    t = cfg.train
+    changes = {"train.lr": t.lr * factor, "train.seed": seed, "data.seed": seed}
+    if t.coupling_lr is not None:
+        changes["train.coupling_lr"] = t.coupling_lr * factor
+    return cfg.replace(changes)
+
+
+@dataclasses.dataclass
+class Cell:
+    """One task × family: its config changes (matching included), or why it does not run."""
+
+    task: str
+    family: str
+    label: str
+    changes: dict = dataclasses.field(default_factory=dict)  # on top of base_config
+    params: Optional[int] = None
+    match_note: str = ""
+    reason: Optional[str] = None  # not None: the cell does not run, and this is why
+
+
+_DATASETS: dict = {}
+
+
+def _dataset(cfg, task):
+    if task not in _DATASETS:
+        _DATASETS[task] = sf.train.build_dataset(cfg)
+    return _DATASETS[task]
+
+
+def _count(cfg, dataset) -> int:
+    import jax
+
+    import equinox as eqx
+
+    # abstract: the shapes of the model, nothing created
+    model = eqx.filter_eval_shape(lambda k: sf.train.build_model(cfg, dataset, key=k),
+                                  jax.random.key(0))
+    return sf.train.num_params(model)
+
+
+def plan_cells(grid, tasks, families) -> dict[tuple[str, str], Cell]:
+    """Every task × family cell: built once (a family the library refuses gets its error as
+    the reason), parameters matched to softmax's by the family's knob."""
+    cells = {}
+    for task in tasks:
+        ref_cfg = base_config(grid, task, REFERENCE)
+        try:
+            dataset = _dataset(ref_cfg, task)
+        except (sf.config.ConfigError, OSError, ValueError) as e:
+            for fam in families:
+                cells[task, fam] = Cell(task, fam, family_label(grid, task, fam),
+                                        reason=f"the task's data is not available: {e}")
+            continue
+        ref_params = _count(ref_cfg, dataset)
+        for fam in families:
+            label = family_label(grid, task, fam)
+            skip = (grid["families"][fam].get("skip") or {}).get(task)
+            if skip:
+                cells[task, fam] = Cell(task, fam, label, reason=str(skip))
+                continue
+            try:
+                cfg = base_config(grid, task, fam)
+                params = _count(cfg, dataset)
+            except (sf.config.ConfigError, ValueError) as e:
+                cells[task, fam] = Cell(task, fam, label, reason=_one_line(e))
+                continue
+            cell = Cell(task, fam, label, params=params)
+            knob = grid["families"][fam].get("match")
+            if grid["match_params"] and knob and params != ref_params:
+                cell.changes, cell.params, cell.match_note = _match(cfg, dataset, knob,
+                                                                    ref_params)
+            cells[task, fam] = cell
+    return cells
+
+
+def _get(cfg, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _match(cfg, dataset, knob: str, target: int):
+    """`(changes, params, note)`: the knob's value whose parameter count is nearest
+    `target`. The count is linear in an FFN width or a number of memories, so two builds
+    give the line (0 may mean "the default" for a knob other than the FFN width, so the line
+    is taken through two nonzero values)."""
+    k0 = int(_get(cfg, knob) or 0)
+    lo = 0 if knob == "model.ffn_hidden" else 1
+    c1, c2 = (_count(cfg.replace({knob: k}), dataset) for k in (16, 80))
+    b = (c2 - c1) / 64
+    short = knob.rsplit(".", 1)[-1]
+    if b <= 0:
+        return {}, _count(cfg, dataset), f"{short} does not change the count"
+    a = c1 - 16 * b
+    k = max(lo, int(round((target - a) / b)))
+    params = _count(cfg.replace({knob: k}), dataset)
+    note = f"{short} {k0} → {k}"
+    if k == lo and a + lo * b > 1.02 * target:
+        note += f" (larger than softmax even at {lo}: {(a + lo * b) / target:.2f}×)"
+    return {knob: k}, params, note
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+# ------------------------------------------------------------------------------ the runs
+
+def run_dir(runs: pathlib.Path, task, family, factor, seed) -> pathlib.Path:
+    return runs / task / family / f"lr{factor:g}_s{seed}"
+
+
+def jobs(grid, cells) -> list[tuple[str, str, Optional[float], int]]:
+    """`(task, family, factor, seed)` in priority order, task by task: the first seed's
+    learning-rate candidates of every family, then the other seeds (factor None: the cell's
+    chosen one, known once the candidates are done)."""
+    out = []
+    first, rest = grid["seeds"][0], grid["seeds"][1:]
+    for task in grid["_tasks"]:
+        live = [f for f in grid["_families"] if cells[task, f].reason is None]
+        out += [(task, f, x, first) for f in live for x in grid["lr_factors"]]
+        out += [(task, f, None, s) for s in rest for f in live]
+    return out
+
+
+def chosen_factor(grid, runs, task, family) -> tuple[Optional[float], dict]:
+    """`(factor, losses)`: the candidate with the lowest final validation loss once every
+    candidate is finished or failed (None while one is pending; NaN if all failed)."""
+    losses = {}
+    for x in grid["lr_factors"]:
+        d = run_dir(runs, task, family, x, grid["seeds"][0])
+        if (d / "result.json").exists():
+            loss = json.loads((d / "result.json").read_text())["val"]["loss"]
+            losses[x] = loss if math.isfinite(loss) else math.inf
+        elif (d / "failed.json").exists():
+            losses[x] = math.inf
+        else:
+            return None, losses
+    best = min(losses, key=lambda x: losses[x])
+    return (best if math.isfinite(losses[best]) else math.nan), losses
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(out: pathlib.Path) -> bool:
+    """Take the run's lock (a directory made atomically); a lock left by a dead process on
+    this machine is taken over."""
+    lock = out.parent / (out.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = f"{socket.gethostname()} {os.getpid()}"
+    try:
+        lock.mkdir()
+    except FileExistsError:
+        try:
+            host, pid = (lock / "owner").read_text().split()
+        except (OSError, ValueError):
+            return False  # being written by its owner right now
+        if host != socket.gethostname() or _alive(int(pid)):
+            return False
+        shutil.rmtree(lock, ignore_errors=True)
+        try:
+            lock.mkdir()
+        except FileExistsError:
+            return False
+    (lock / "owner").write_text(me)
+    return True
+
+
+def release(out: pathlib.Path) -> None:
+    shutil.rmtree(out.parent / (out.name + ".lock"), ignore_errors=True)
+
+
+def _train_records(out: pathlib.Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip())
+            if r.get("split") == "train"]
+
+
+def throughput(records) -> float:
+    """Training steps per second between the first logged step (after the compile) and the
+    last one (evaluations in between included); NaN with fewer than two records."""
+    if len(records) < 2:
+        return math.nan
+    a, b = records[0], records[-1]
+    dt = b["time_s"] - a["time_s"]
+    return (b["step"] - a["step"]) / dt if dt > 0 else math.nan
+
+
+def step_memory(cfg, dataset, model) -> float:
+    """Bytes of the compiled training step: arguments + outputs + XLA's temporaries."""
+    import jax
+
+    opt = sf.train.build_optimizer(cfg)
+    state = sf.train.RunState.init(model, opt)
+    batch = {k: jax.numpy.asarray(v) for k, v in dataset.batch(0, "train").items()}
+    step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
+                             precision=cfg.train.precision,
+                             objective=sf.train.build_objective(cfg))
+    compiled = step.lower(state, batch, jax.random.key(0)).compile()
+    mem = getattr(compiled, "compiled", compiled).memory_analysis()  # (equinox wraps jax's)
+    if mem is None:
+        return math.nan
+    return float(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                 + mem.temp_size_in_bytes)
+
+
+def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
+            measure_memory: bool) -> dict:
+    """Train one run (resuming a killed one), score it on the task's split and write
+    `result.json`."""
+    task = grid["tasks"][cell.task]
+    cfg = with_lr(base_config(grid, cell.task, cell.family, cell.changes), factor, seed)
+    summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists(), progress=False)
+    records = _train_records(out)
+    result = {"task": cell.task, "family": cell.family, "seed": seed, "lr_factor": factor,
+              "lr": cfg.train.lr, "val": summary["metrics"], "split": task.get("split", "val"),
+              "steps": summary["steps"], "bad_steps": summary.get("bad_steps", 0),
+              "wall_time_s": summary.get("wall_time_s"), "num_params": summary.get("num_params"),
+              "steps_per_s": throughput(records)}
+    result["backward_steps"] = _mean_of(records, "backward_steps")
+    result["backward_fallbacks"] = _mean_of(records, "backward_fallbacks")
+    if result["split"] == "test" or measure_memory:
+        _, dataset, model = sf.train.load_run(out)
+        if result["split"] == "test":
+            n = int(task.get("test_batches", cfg.data.eval_batches))
+            result["test"] = sf.train.evaluate(model, [dataset.batch(i, "test")
+                                                       for i in range(n)])
+        if measure_memory:
+            result["step_memory_bytes"] = step_memory(cfg, dataset, model)
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _mean_of(records, key):
+    vals = [r[key] for r in records if key in r]
+    return float(np.mean(vals)) if vals else None
+
+
+def _failure(out: pathlib.Path, e: BaseException) -> dict:
+    records = _train_records(out)
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
+               lines[0] if lines else type(e).__name__).split("EquinoxRuntimeError: ")[-1]
+    info = {"error": type(e).__name__, "message": msg[:500],
+            "last_logged_step": records[-1]["step"] if records else None,
+            "traceback": traceback.format_exc()[-3000:]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "failed.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _metric_of(result: dict, metric: str) -> float:
+    scores = result.get("test") if result.get("split") == "test" else result["val"]
+    return float(scores[metric])
+
+
+def _fmt_metric(metric, value) -> str:
+    return f"{100 * value:.1f}%" if metric == "accuracy" else f"{value:.4g}"
+
+
+def cmd_run(args) -> None:
+    grid = _grid(args)
+    if args.workers > 1:
+        return _spawn(args)
+    runs = pathlib.Path(args.runs)
+    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    todo = jobs(grid, cells)
+    first = grid["seeds"][0]
+    tag = f"[worker {os.getpid()}] " if args.worker else ""
+    print(f"{tag}zoo: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
+          f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> {runs}",
+          flush=True)
+    if args.retry_failed:
+        for task, fam, factor, seed in todo:
+            for d in (runs / task / fam).glob(f"lr*_s{seed}/failed.json"):
+                d.unlink()
+    t_start = time.time()
+    while True:
+        waiting = progressed = False
+        for n, (task, fam, factor, seed) in enumerate(todo):
+            cell = cells[task, fam]
+            if factor is None:
+                factor, _ = chosen_factor(grid, runs, task, fam)
+                if factor is None:  # candidates not finished yet (another worker has them)
+                    waiting = True
+                    continue
+                if math.isnan(factor):  # every candidate failed: nothing to train
+                    continue
+            out = run_dir(runs, task, fam, factor, seed)
+            if (out / "result.json").exists() or (out / "failed.json").exists():
+                continue
+            if not claim(out):
+                waiting = True
+                continue
+            t0 = time.time()
+            try:
+                if (out / "result.json").exists() or (out / "failed.json").exists():
+                    continue
+                measure = seed == first and factor == grid["lr_factors"][0]
+                try:
+                    r = run_one(grid, cell, factor, seed, out, measure_memory=measure)
+                    metric = grid["tasks"][task]["metric"]
+                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
+                          f"{metric} {_fmt_metric(metric, _metric_of(r, metric))} "
+                          f"({time.time() - t0:.0f} s)", flush=True)
+                except (KeyboardInterrupt, SystemExit, sf.train.TrainingInterrupted):
+                    raise
+                except Exception as e:  # recorded; the grid goes on
+                    info = _failure(out, e)
+                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
+                          f"FAILED after step {info['last_logged_step']}: {info['message']}",
+                          flush=True)
+            finally:
+                release(out)
+            progressed = True
+            break  # re-scan from the top: a finished candidate may unblock higher priorities
+        if not progressed:
+            if not waiting:
+                break
+            time.sleep(5.0)
+    print(f"{tag}zoo: nothing left to run ({time.time() - t_start:.0f} s).", flush=True)
+
+
+def _spawn(args) -> None:
+    """`--workers N`: N worker processes on the same runs directory, one thread each."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                        "intra_op_parallelism_threads=1").strip()
+    cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
+           "--grid", str(args.grid)]
+    for opt in ("tasks", "families"):
+        if getattr(args, opt):
+            cmd += [f"--{opt}", getattr(args, opt)]
+    if args.retry_failed:
+        cmd.append("--retry-failed")
+    procs = []
+    for i in range(args.workers):
+        procs.append(subprocess.Popen(cmd, env=env))
+        time.sleep(2.0)  # let the first claim its run before the next scans
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            p.wait()
+        raise
+    if any(codes):
+        raise SystemExit(f"zoo: worker exit codes {codes}")
+
+
+def cmd_plan(args) -> None:
+    grid = _grid(args)
+    runs = pathlib.Path(args.runs)
+    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    ref = {t: cells[t, REFERENCE].params for t in grid["_tasks"]}
+    for (task, fam), c in cells.items():
+        if c.reason:
+            print(f"{task:12s} {fam:20s} empty: {c.reason}")
+            continue
+        done = len(list((runs / task / fam).glob("*/result.json")))
+        failed = len(list((runs / task / fam).glob("*/failed.json")))
+        print(f"{task:12s} {fam:20s} {c.params:>8,} params ({c.params / ref[task]:.2f}× "
+              f"softmax{'; ' + c.match_note if c.match_note else ''}); {done} done, "
+              f"{failed} failed")
+
+
+# ------------------------------------------------------------------------------ the report
+
+def collect(grid, runs: pathlib.Path, cells) -> dict:
+    """Per cell: the finished results by seed (at the chosen learning rate), the failures,
+    the chosen factor and the candidates' validation losses."""
+    out = {}
+    for (task, fam), cell in cells.items():
+        entry = {"label": cell.label, "reason": cell.reason, "params": cell.params,
+                 "match": cell.match_note, "results": {}, "failures": []}
+        out[task, fam] = entry
+        if cell.reason:
+            continue
+        for d in sorted((runs / task / fam).glob("lr*_s*")):
+            if (d / "failed.json").exists():
+                f = json.loads((d / "failed.json").read_text())
+                entry["failures"].append({"run": d.name, "message": f.get("message"),
+                                          "last_logged_step": f.get("last_logged_step")})
+        factor, losses = chosen_factor(grid, runs, task, fam)
+        entry["lr_factor"], entry["candidate_val_loss"] = factor, losses
+        if factor is None or math.isnan(factor):
+            continue
+        for s in grid["seeds"]:
+            p = run_dir(runs, task, fam, factor, s) / "result.json"
+            if p.exists():
+                entry["results"][s] = json.loads(p.read_text())
+        mem = [r.get("step_memory_bytes") for d in (runs / task / fam).glob("lr*_s*")
+               for r in [_maybe_json(d / "result.json")] if r and r.get("step_memory_bytes")]
+        entry["step_memory_bytes"] = mem[0] if mem else None
+    return out
+
+
+def _maybe_json(p: pathlib.Path):
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def summarise(grid, data: dict) -> dict:
+    """Per cell: metric mean ± CI, the paired gap (and ratio) to softmax, and the costs."""
+    out = {}
+    for (task, fam), e in data.items():
+        metric = grid["tasks"][task]["metric"]
+        s = {"label": e["label"], "reason": e["reason"], "params": e["params"],
+             "match": e["match"], "failures": e["failures"], "n": len(e["results"]),
+             "lr_factor": e.get("lr_factor")}
+        out[task, fam] = s
+        if e["reason"] or not e["results"]:
+            continue
+        res = e["results"]
+        vals = {sd: _metric_of(r, metric) for sd, r in res.items()}
+        s["values"] = vals
+        s["mean"], s["ci"] = mean_ci(list(vals.values()))
+        ref = data.get((task, REFERENCE), {}).get("results", {})
+        common = sorted(set(res) & set(ref))
+        if fam != REFERENCE and common:
+            gaps = [vals[k] - _metric_of(ref[k], metric) for k in common]
+            s["gap"], s["gap_ci"] = mean_ci(gaps)
+            s["gap_n"] = len(common)
+            if metric in ("perplexity", "loss"):
+                ratios = [vals[k] / _metric_of(ref[k], metric) for k in common]
+                s["ratio"], s["ratio_ci"] = mean_ci(ratios)
+            ref_tp = np.nanmean([r["steps_per_s"] for r in ref.values()])
+            s["throughput_ratio"] = float(np.nanmean([r["steps_per_s"] for r in res.values()])
+                                          / ref_tp) if ref_tp else math.nan
+        elif fam == REFERENCE:
+            s["throughput_ratio"] = 1.0
+        s["steps_per_s"] = float(np.nanmean([r["steps_per_s"] for r in res.values()]))
+        s["memory_mib"] = (e["step_memory_bytes"] / 2**20 if e.get("step_memory_bytes")
+                           else None)
+        s["forward_steps"] = _nanmean([r["val"].get("solver_steps") for r in res.values()])
+        s["backward_products"] = _nanmean([r.get("backward_steps") for r in res.values()])
+        s["failed_solves"] = _nanmean([r["val"].get("solver_failures") for r in res.values()])
+        s["fallbacks"] = _nanmean([r.get("backward_fallbacks") for r in res.values()])
+        s["skipped_steps"] = int(sum(r.get("bad_steps", 0) for r in res.values()))
+        s["lr"] = next(iter(res.values()))["lr"]
+        s["wall_s"] = float(np.mean([r["wall_time_s"] or 0 for r in res.values()]))
+    return out
+
+
+def _nanmean(vals):
+    v = [x for x in vals if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def better_gap(grid, task, s) -> Optional[tuple[float, float]]:
+    """The paired gap to softmax in "positive is better" units: accuracy points, or for
+    perplexity/loss percent lower than softmax's (from the paired ratio)."""
+    metric = grid["tasks"][task]["metric"]
+    if "gap" not in s:
+        return None
+    if metric == "accuracy":
+        return 100 * s["gap"], 100 * s["gap_ci"]
+    return 100 * (1 - s["ratio"]), 100 * s["ratio_ci"]
+
+
+def _cell_text(grid, task, s, *, short=False) -> str:
+    metric = grid["tasks"][task]["metric"]
+    if s["reason"]:
+        return "—" if short else f"— ({s['reason']})"
+    if s["n"] == 0:
+        fails = len(s["failures"])
+        return f"failed ({fails} runs)" if fails and s.get("lr_factor") is not None \
+            and math.isnan(s["lr_factor"]) else "pending"
+    scale = 100 if metric == "accuracy" else 1
+    d = 1 if metric == "accuracy" else 3
+    text = f"{scale * s['mean']:.{d}f}"
+    if s["n"] > 1:
+        text += f" ± {scale * s['ci']:.{d}f}"
+    g = better_gap(grid, task, s)
+    if g is not None and short:
+        star = "*" if s["gap_n"] > 1 and abs(g[0]) > g[1] else ""
+        text += f" ({g[0]:+.1f}{star})"
+    return text
+
+
+def cmd_report(args) -> None:
+    grid = _grid(args)
+    runs = pathlib.Path(args.runs)
+    results = pathlib.Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    stats = summarise(grid, collect(grid, runs, cells))
+    tasks, fams = grid["_tasks"], grid["_families"]
+    unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss"}
+    lines = [f"# The attention zoo", "", grid.get("description", ""), "",
+             f"Grid `{_rel(args.grid)}`; seeds {grid['seeds']}; learning rate: the task's "
+             f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
+             "loss; parameters matched to softmax's where the family's knob allows (see each "
+             "task's table). Each cell: the metric, mean ± the half-width of its 95 % "
+             "t-interval over seeds, and in brackets the paired gap to softmax in "
+             "better-is-positive units (accuracy points; for perplexity, percent below "
+             "softmax's), `*` where the interval excludes zero. `—`: the family does not "
+             "run this task (the reason is in the task's table).", "",
+             "| family | " + " | ".join(
+                 f"{grid['tasks'][t].get('label', t)} ({unit[grid['tasks'][t]['metric']]}, "
+                 f"{grid['tasks'][t].get('split', 'val')})" for t in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for f in fams:
+        lines.append(f"| {grid['families'][f].get('label', f)} | " + " | ".join(
+            _cell_text(grid, t, stats[t, f], short=True) for t in tasks) + " |")
+    for t in tasks:
+        lines += _task_table(grid, t, fams, stats)
+    fails = [(t, f, x) for t in tasks for f in fams for x in stats[t, f]["failures"]]
+    if fails:
+        lines += ["", "## Failed runs", "", "| task | family | run | last step | error |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {t} | {f} | {x['run']} | {x['last_logged_step']} | "
+                  f"{(x['message'] or '').replace('|', '/')} |" for t, f, x in fails]
+    (results / "zoo.md").write_text("\n".join(lines) + "\n")
+    payload = {f"{t}/{f}": stats[t, f] for t in tasks for f in fams}
+    (results / "zoo.json").write_text(json.dumps(payload, indent=2, default=_jsonable))
+    _figures(grid, stats, tasks, fams, results)
+    print(f"zoo: wrote {results / 'zoo.md'}, zoo.json, gaps.png, cost.png")
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+def _rel(p) -> str:
+    p = pathlib.Path(p).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def _task_table(grid, task, fams, stats) -> list[str]:
+    t = grid["tasks"][task]
+    metric = t["metric"]
+    ref = stats[task, REFERENCE]
+    head = (f"| family | {metric} ({t.get('split', 'val')}) | gap to softmax | "
+            + ("ratio to softmax | " if metric != "accuracy" else "")
+            + "params | matched by | lr | steps/s (× softmax) | step memory MiB | "
+              "fwd steps/layer | bwd products/layer | failed solves | fallbacks | "
+              "skipped steps | seeds |")
+    cfg = base_config(grid, task, REFERENCE)
+    lines = ["", f"## {t.get('label', task)}", "",
+             f"Base `{t['config']}` with {t.get('set') or {}}: {cfg.train.steps} steps of "
+             f"batch {cfg.data.batch_size}, T = {cfg.data.seq_len}, width {cfg.model.dim}, "
+             f"depth {cfg.model.depth}, {cfg.model.num_heads} heads. Softmax: "
+             f"{ref['params'] or 0:,} parameters.", "", head,
+             "|---" * (head.count("|") - 1) + "|"]
+    scale, d = (100, 2) if metric == "accuracy" else (1, 4)
+    for f in fams:
+        s = stats[task, f]
+        if s["reason"] or s["n"] == 0:
+            lines.append(f"| {s['label']} | {_cell_text(grid, task, s)} |" + " |" * (
+                head.count("|") - 3))
+            continue
+
+        def num(x, fmt):
+            return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
+                else format(x, fmt)
+        gap = ("—" if f == REFERENCE or "gap" not in s else
+               f"{scale * s['gap']:+.{d}f} ± {scale * s['gap_ci']:.{d}f}"
+               if s["gap_n"] > 1 else f"{scale * s['gap']:+.{d}f} (1 seed)")
+        ratio = ""
+        if metric != "accuracy":
+            ratio = ("—" if "ratio" not in s else
+                     f"{s['ratio']:.3f} [{s['ratio'] - s['ratio_ci']:.3f}, "
+                     f"{s['ratio'] + s['ratio_ci']:.3f}]") + " | "
+        lines.append(
+            f"| {s['label']} | {_cell_text(grid, task, s)} | {gap} | {ratio}"
+            f"{s['params']:,} | {s['match'] or '—'} | {s['lr']:.2g} | "
+            f"{num(s['steps_per_s'], '.2f')} ({num(s.get('throughput_ratio'), '.2f')}×) | "
+            f"{num(s['memory_mib'], '.1f')} | {num(s['forward_steps'], '.1f')} | "
+            f"{num(s['backward_products'], '.1f')} | {num(s['failed_solves'], '.3f')} | "
+            f"{num(s['fallbacks'], '.3f')} | {s['skipped_steps']} | {s['n']} |")
+    reasons = [(stats[task, f]["label"], stats[task, f]["reason"]) for f in fams
+               if stats[task, f]["reason"]]
+    if reasons:
+        lines += [""] + [f"- {lab}: {why}" for lab, why in reasons]
+    return lines
+
+
+def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use(os.environ.get("MPLBACKEND", "Agg"))
+    import matplotlib.pyplot as plt
+
+    # the heat map of paired gaps (better-is-positive units), grey where a cell is empty
+    G = np.full((len(fams), len(tasks)), np.nan)
+    fig, ax = plt.subplots(figsize=(1.9 * len(tasks) + 3, 0.5 * len(fams) + 1.8))
+    for i, f in enumerate(fams):
+        for j, t in enumerate(tasks):
+            s = stats[t, f]
+            g = better_gap(grid, t, s)
+            if g is not None:
+                G[i, j] = g[0]
+    lim = max(1.0, float(np.nanmax(np.abs(G)))) if np.isfinite(G).any() else 1.0
+    ax.imshow(np.zeros_like(G), cmap="Greys", vmin=0, vmax=4, aspect="auto")
+    im = ax.imshow(G, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for i, f in enumerate(fams):
+        for j, t in enumerate(tasks):
+            s = stats[t, f]
+            g = better_gap(grid, t, s)
+            if f == REFERENCE and s["n"]:
+                txt = "reference"
+            elif s["reason"]:
+                txt = "n/a"
+            elif g is None:
+                txt = "pending" if not s["n"] else "—"
+            else:
+                sig = s["gap_n"] > 1 and abs(g[0]) > g[1]
+                txt = f"{g[0]:+.1f}" + (f"\n±{g[1]:.1f}" if s["gap_n"] > 1 else "") + \
+                    ("*" if sig else "")
+            ax.text(j, i, txt, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(tasks)), [grid["tasks"][t].get("label", t) for t in tasks],
+                  rotation=20, ha="right", fontsize=8)
+    ax.set_yticks(range(len(fams)), [grid["families"][f].get("label", f) for f in fams],
+                  fontsize=8)
+    fig.colorbar(im, ax=ax, label="gap to softmax (accuracy points; % lower perplexity)")
+    ax.set_title("Paired gap to softmax (mean ± 95% t-interval over seeds; * excludes 0)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(results / "gaps.png", dpi=130)
+    plt.close(fig)
+
+    # quality against cost, one panel per task
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        metric = grid["tasks"][t]["metric"]
+        scale = 100 if metric == "accuracy" else 1
+        for f in fams:
+            s = stats[t, f]
+            if s["reason"] or not s["n"] or not s.get("throughput_ratio"):
+                continue
+            x = 1 / s["throughput_ratio"]
+            ax.errorbar([x], [scale * s["mean"]],
+                        yerr=[[scale * (s["ci"] if math.isfinite(s["ci"]) else 0)]],
+                        fmt="o", ms=4, capsize=2)
+            ax.annotate(f, (x, scale * s["mean"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("time per step (× softmax)")
+        ax.set_ylabel(f"{metric}{' (%)' if metric == 'accuracy' else ''}, "
+                      f"{grid['tasks'][t].get('split', 'val')}")
+        ax.set_title(grid["tasks"][t].get("label", t), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(results / "cost.png", dpi=130)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ command line
+
+def _grid(args) -> dict:
+    grid = load_grid(args.grid)
+    grid["_tasks"] = chosen(args.tasks, grid["tasks"], grid["tasks"])
+    grid["_families"] = chosen(args.families, grid["families"], grid["families"])
+    if REFERENCE not in grid["_families"]:
+        grid["_families"].insert(0, REFERENCE)  # every gap is taken to it
+    return grid
+
+
+def main(argv=None) -> None:
+    p = make_parser(__doc__, runs=None, results=None, commands=("run", "report", "plan"))
+    p.add_argument("--grid", default=None, help="the grid file (default configs/zoo.yaml)")
+    p.add_argument("--quick", action="store_true",
+                   help="the quick grid (configs/zoo_quick.yaml; a smoke test, not a result)")
+    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
+    p.add_argument("--families", default=None,
+                   help="comma-separated families (default: all; softmax is always added)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes sharing the runs directory (one thread each)")
+    p.add_argument("--worker", action="store_true", help=argparse_hidden())
+    p.add_argument("--retry-failed", action="store_true",
+                   help="train the runs recorded as failed again")
+    args = p.parse_args(argv)
+    name = "zoo_quick" if args.quick else "zoo"
+    args.grid = args.grid or str(ROOT / "configs" / f"{name}.yaml")
+    args.runs = args.runs or str(ROOT / "runs" / name)
+    args.results = args.results or str(ROOT / "experiments" / "results" / name)
+    dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
