@@ -68,7 +68,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import ROOT, chosen, dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
-METRICS = {"accuracy": True, "perplexity": False, "loss": False}  # name -> higher is better
+METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
 GRID_KEYS = {"description", "seeds", "lr_factors", "match_params", "tasks", "families"}
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
@@ -582,7 +582,7 @@ def summarise(grid, data: dict) -> dict:
             gaps = [vals[k] - _metric_of(ref[k], metric) for k in common]
             s["gap"], s["gap_ci"] = mean_ci(gaps)
             s["gap_n"] = len(common)
-            if metric in ("perplexity", "loss"):
+            if metric != "accuracy":
                 ratios = [vals[k] / _metric_of(ref[k], metric) for k in common]
                 s["ratio"], s["ratio_ci"] = mean_ci(ratios)
             ref_tp = np.nanmean([r["steps_per_s"] for r in ref.values()])
@@ -610,7 +610,7 @@ def _nanmean(vals):
 
 def better_gap(grid, task, s) -> Optional[tuple[float, float]]:
     """The paired gap to softmax in "positive is better" units: accuracy points, or for
-    perplexity/loss percent lower than softmax's (from the paired ratio)."""
+    perplexity, loss and MSE percent lower than softmax's (from the paired ratio)."""
     metric = grid["tasks"][task]["metric"]
     if "gap" not in s:
         return None
@@ -628,7 +628,7 @@ def _cell_text(grid, task, s, *, short=False) -> str:
         return f"failed ({fails} runs)" if fails and s.get("lr_factor") is not None \
             and math.isnan(s["lr_factor"]) else "pending"
     scale = 100 if metric == "accuracy" else 1
-    d = 1 if metric == "accuracy" else 3
+    d = 1 if metric == "accuracy" else 4 if metric == "mse" else 3
     text = f"{scale * s['mean']:.{d}f}"
     if s["n"] > 1:
         text += f" ± {scale * s['ci']:.{d}f}"
@@ -647,15 +647,16 @@ def cmd_report(args) -> None:
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     stats = summarise(grid, collect(grid, runs, cells))
     tasks, fams = grid["_tasks"], grid["_families"]
-    unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss"}
+    unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
+            "mse": "MSE per pixel"}
     lines = [f"# The attention zoo", "", grid.get("description", ""), "",
              f"Grid `{_rel(args.grid)}`; seeds {grid['seeds']}; learning rate: the task's "
              f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
              "loss; parameters matched to softmax's where the family's knob allows (see each "
              "task's table). Each cell: the metric, mean ± the half-width of its 95 % "
              "t-interval over seeds, and in brackets the paired gap to softmax in "
-             "better-is-positive units (accuracy points; for perplexity, percent below "
-             "softmax's), `*` where the interval excludes zero. `—`: the family does not "
+             "better-is-positive units (accuracy points; for perplexity and MSE, percent "
+             "below softmax's), `*` where the interval excludes zero. `—`: the family does not "
              "run this task (the reason is in the task's table).", "",
              "| family | " + " | ".join(
                  f"{grid['tasks'][t].get('label', t)} ({unit[grid['tasks'][t]['metric']]}, "
@@ -776,7 +777,7 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
                   rotation=20, ha="right", fontsize=8)
     ax.set_yticks(range(len(fams)), [grid["families"][f].get("label", f) for f in fams],
                   fontsize=8)
-    fig.colorbar(im, ax=ax, label="gap to softmax (accuracy points; % lower perplexity)")
+    fig.colorbar(im, ax=ax, label="gap to softmax (accuracy points; % lower perplexity, MSE)")
     ax.set_title("Paired gap to softmax (mean ± 95% t-interval over seeds; * excludes 0)",
                  fontsize=9)
     fig.tight_layout()

@@ -108,6 +108,14 @@ class DataConfig:
                        "held out for validation (the test split is the t10k file)")
     max_train: Optional[int] = _f(None, "images only: use only the first max_train training "
                                   "images (null: all)")
+    corrupt: Optional[str] = _f(None, "images only: reconstruct images corrupted this way "
+                                "instead of classifying them: mask (a fraction "
+                                "data.mask_fraction of the pixels set to 0) or noise (Gaussian "
+                                "noise of variance data.noise_variance); the loss is the mean "
+                                "squared error per pixel (null: classification)",
+                                choices=(None, "mask", "noise"))
+    mask_fraction: float = _f(0.3, "corrupt=mask only: the fraction of pixels masked")
+    noise_variance: float = _f(0.7, "corrupt=noise only: the variance of the added noise")
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
     stream: bool = _f(False, "chars only: read the text in order as batch_size contiguous "

@@ -1,7 +1,9 @@
 """The experiment scripts run end to end at toy sizes (their numbers are not results)."""
 
 import importlib.util
+import json
 import pathlib
+import sys
 
 import pytest
 
@@ -14,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def _load(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # (dataclasses look their module up there)
     spec.loader.exec_module(mod)
     return mod
 
@@ -156,3 +159,88 @@ def test_spin_lm_runs_resumes_and_reports(tmp_path, monkeypatch):
     assert (results / "quickstart_curves.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="unknown variants"):
         study.main(["run", "--variants", "sofmax", "--runs", str(runs)])
+
+
+def test_zoo_plan_every_cell_builds_or_says_why():
+    """Every family × task of the quick grid is either built with its parameter count matched
+    to softmax's (or says why it cannot be), or is empty with the library's reason; the runs
+    come task by task, the learning-rate candidates of the first seed first."""
+    zoo = _load("zoo")
+    grid = zoo.load_grid(ROOT / "configs" / "zoo_quick.yaml")
+    grid["_tasks"], grid["_families"] = list(grid["tasks"]), list(grid["families"])
+    cells = zoo.plan_cells(grid, grid["_tasks"], grid["_families"])
+    assert set(cells) == {(t, f) for t in grid["tasks"] for f in grid["families"]}
+    for (task, fam), cell in cells.items():
+        if cell.reason:
+            # the non-causal families cannot be language models; the library says so
+            assert fam in ("free_energy", "energy_transformer") and task in ("brackets", "chars")
+            assert "causal" in cell.reason
+            continue
+        ref = cells[task, "softmax"].params
+        assert abs(cell.params / ref - 1) < 0.02 or "larger than softmax" in cell.match_note
+    # the NeuroGame family is the pooled head on the pair task, with a softmax encoder
+    cfg = zoo.base_config(grid, "nli", "neurogame", cells["nli", "neurogame"].changes)
+    assert (cfg.model.attention, cfg.model.pool) == ("softmax", "ngt")
+    order = zoo.jobs(grid, cells)
+    first = [j for j in order if j[0] == "brackets"]
+    n_live = sum(c.reason is None for (t, _), c in cells.items() if t == "brackets")
+    assert [j[2] for j in first[:2 * n_live]] == [1.0, 3.0] * n_live  # candidates, seed 0
+    assert {j[2] for j in first[2 * n_live:]} == {None}  # then the chosen factor, seed 1
+    assert {j[3] for j in first[2 * n_live:]} == {1}
+
+
+def test_zoo_quick_grid(tmp_path, monkeypatch):
+    """The quick grid end to end on one task: the learning rate is chosen on seed 0, a run
+    that raises is recorded and the grid goes on, the report has every cell and both
+    figures, and a second `run` trains nothing."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    zoo = _load("zoo")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    real = zoo.run_one
+
+    def run_one(grid, cell, factor, seed, out, **kw):
+        if cell.family == "hopfield" and factor == 3.0:
+            raise FloatingPointError("injected: the loss diverged")
+        return real(grid, cell, factor, seed, out, **kw)
+
+    monkeypatch.setattr(zoo, "run_one", run_one)
+    args = ["--quick", "--tasks", "brackets", "--families", "spin_steps,hopfield,free_energy",
+            "--runs", str(runs), "--results", str(results)]
+    zoo.main(["all", *args])
+    done = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/*/*/result.json"))
+    # softmax and spin_steps: 2 candidates + seed 1 at the chosen factor; hopfield's 3.0
+    # candidate failed, so 1.0 is chosen
+    assert len(done) == 8 and "brackets/hopfield/lr1_s1" in done
+    failed = json.loads((runs / "brackets/hopfield/lr3_s0/failed.json").read_text())
+    assert failed["error"] == "FloatingPointError" and "injected" in failed["message"]
+    r = json.loads((runs / "brackets/softmax/lr1_s0/result.json").read_text())
+    assert r["step_memory_bytes"] > 0 and r["steps_per_s"] > 0 and "accuracy" in r["test"]
+    table = (results / "zoo.md").read_text()
+    assert "| spin (2 time steps) |" in table and "injected" in table
+    assert "FreeEnergyAttention: causal=True is not supported" in table  # the empty cell
+    stats = json.loads((results / "zoo.json").read_text())
+    assert stats["brackets/spin_steps"]["n"] == 2 and "gap" in stats["brackets/spin_steps"]
+    for fig in ("gaps.png", "cost.png"):
+        assert (results / fig).stat().st_size > 0
+    before = {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")}
+    zoo.main(["run", *args])
+    assert {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")} == before
+
+
+def test_zoo_locks(tmp_path):
+    """A run claimed by a live process is left alone; a dead process's lock is taken over."""
+    import os
+    import subprocess
+    import sys
+
+    zoo = _load("zoo")
+    out = tmp_path / "t" / "f" / "lr1_s0"
+    assert zoo.claim(out) and not zoo.claim(out)  # ours, and alive
+    zoo.release(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    lock = out.parent / (out.name + ".lock")
+    lock.mkdir(parents=True)
+    (lock / "owner").write_text(f"{__import__('socket').gethostname()} {dead}")
+    assert zoo.claim(out)
+    assert (lock / "owner").read_text().endswith(str(os.getpid()))

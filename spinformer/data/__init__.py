@@ -17,7 +17,7 @@ from ._brackets import BracketMatching, sample_brackets
 from ._corrupt import MASK_MODES, mask_images, noisy_images
 from .._patches import patchify, unpatchify
 from ._idx import ImageDataError, ImageDataNotFound, read_idx, write_idx
-from ._images import ImageDataset
+from ._images import CORRUPTIONS, ImageDataset, ImageReconstruction
 from ._mnist import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
 from ._mnist import find_mnist_files, load_mnist
 from ._logic import Sentence, oracle, parse_sentence
@@ -43,6 +43,8 @@ __all__ = [
     "ImageDataError",
     "ImageDataNotFound",
     "ImageDataset",
+    "ImageReconstruction",
+    "CORRUPTIONS",
     "NLIFile",
     "NLI_LABELS",
     "Sentence",

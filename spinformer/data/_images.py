@@ -322,3 +322,89 @@ class ImageDataset:
                 f"{self.std:.6f}" if self.normalize else f"pixels/{self.pixel_max:g}")
         return (f"{self.name}: {sizes} images of {_shape_text(self.image_shape)}, "
                 f"{self.num_classes} classes; {norm}")
+
+
+CORRUPTIONS = ("mask", "noise")
+
+
+class ImageReconstruction:
+    """Image reconstruction batches (the `Dataset` protocol, `kind = "reconstruction"`): the
+    images of an `ImageDataset`, corrupted, to be restored (the masked-image and denoising
+    tasks of F. D'Amico, M. Negri, "Self-attention as an attractor network", arXiv:2409.16112,
+    sec. III; the Energy Transformer's masked-image task, B. Hoover et al., arXiv:2302.07253).
+
+    **Arguments:** `images`: the `ImageDataset` whose splits, order and masks are used (its
+    pixels are read divided by `pixel_max`, in [0, 1], not standardised); `corrupt`:
+    `"mask"` (a random `mask_fraction` of the pixels set to 0, `data.mask_images`) or
+    `"noise"` (Gaussian noise of variance `noise_variance`, rescaled and clipped,
+    `data.noisy_images`).
+
+    **Batches:** `{"inputs" (B, H, W) float32` the corrupted images, `"targets" (B, H, W)
+    float32` the clean ones, `"mask" (B,) float32`} (the mask as `ImageDataset`'s). Batch
+    `i` of split `s` is corrupted with a generator seeded by `(seed, s, i)`, so a resumed
+    run and every evaluation see the same corruption. The trainer's loss for float targets is
+    the mean squared error per pixel (`train.loss_fn`).
+    """
+
+    kind = "reconstruction"
+    vocab_size = 0
+    num_classes = 0
+
+    def __init__(self, images: ImageDataset, corrupt: str = "mask", *,
+                 mask_fraction: float = 0.3, noise_variance: float = 0.7):
+        if corrupt not in CORRUPTIONS:
+            raise ValueError(f"corrupt must be one of {CORRUPTIONS}; got {corrupt!r}.")
+        if len(images.image_shape) != 2:
+            raise ValueError(f"reconstruction needs grey images (H, W); got "
+                             f"{images.image_shape}.")
+        if not 0.0 < float(mask_fraction) <= 1.0:
+            raise ValueError(f"mask_fraction must be in (0, 1]; got {mask_fraction!r}.")
+        if not float(noise_variance) > 0.0:
+            raise ValueError(f"noise_variance must be positive; got {noise_variance!r}.")
+        self.images = images
+        self.corrupt = corrupt
+        self.mask_fraction = float(mask_fraction)
+        self.noise_variance = float(noise_variance)
+        self.image_shape = images.image_shape
+        self.seq_len = images.seq_len
+        self.batch_size = images.batch_size
+        self.seed = images.seed
+        self.sizes = images.sizes
+
+    def batch(self, index: int, split: str = "train") -> dict[str, np.ndarray]:
+        from ._corrupt import mask_images, noisy_images
+
+        rows, mask = self.images.batch_rows(index, split)
+        clean = (np.asarray(self.images.split_arrays(split)[0][rows], np.float32)
+                 / np.float32(self.images.pixel_max))
+        rng = np.random.default_rng([self.seed, _split_id(split), _check_index(index), 1])
+        if self.corrupt == "mask":
+            noisy = mask_images(clean, self.mask_fraction, rng=rng)[0]
+        else:
+            noisy = noisy_images(clean, self.noise_variance, rng=rng)
+        return {"inputs": noisy.astype(np.float32), "targets": clean, "mask": mask}
+
+    def num_batches(self, split: str) -> int:
+        return self.images.num_batches(split)
+
+    def baselines(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """Mean squared errors per pixel of references a model should beat, over the masked
+        examples of `batch`: `identity_mse` (returning the corrupted image) and
+        `mean_image_mse` (returning the training split's mean image)."""
+        m = np.asarray(batch["mask"], np.float64)
+        total = max(float(m.sum()), 1.0)
+        t = np.asarray(batch["targets"], np.float64)
+
+        def mse(pred):
+            return float((((pred - t) ** 2).mean(axis=(1, 2)) * m).sum() / total)
+
+        mean_image = (np.asarray(self.images.split_arrays("train")[0], np.float64).mean(0)
+                      / self.images.pixel_max)
+        return {"identity_mse": mse(np.asarray(batch["inputs"], np.float64)),
+                "mean_image_mse": mse(mean_image[None])}
+
+    def summary(self) -> str:
+        what = (f"{self.mask_fraction:.0%} of the pixels masked" if self.corrupt == "mask"
+                else f"Gaussian noise of variance {self.noise_variance:g}")
+        return f"{self.images.name}, reconstructed from {what}; " + \
+            ", ".join(f"{s} {n}" for s, n in self.sizes.items())

@@ -45,6 +45,7 @@ from ._groups import param_labels as param_labels
 from ._hopfield import HopfieldAttention as HopfieldAttention
 from ._hopfield import HopfieldConfig as HopfieldConfig
 from ._image import ImageClassifier as ImageClassifier
+from ._image import ImageReconstructor as ImageReconstructor
 from ._implicit import ImplicitAttention as ImplicitAttention
 from ._implicit import ImplicitConfig as ImplicitConfig
 from ._masks import causal_mask as causal_mask
@@ -97,6 +98,7 @@ __all__ = [
     "HopfieldAttention",
     "HopfieldConfig",
     "ImageClassifier",
+    "ImageReconstructor",
     "ImplicitAttention",
     "ImplicitConfig",
     "ModelAnalysis",

@@ -183,20 +183,10 @@ class ImageClassifier(eqx.Module):
         self.embed, num_sites = embed.build((H, W), dim, patch=patch,
                                             conv_channels=conv_channels, key=ke)
         n = num_sites + 1
-        reg = get_attention(attention)
-        kwargs = dict(attention_kwargs or {})
-
-        def make_layer(k):
-            ka, kf = jax.random.split(k)
-            attn = reg.build(dim=dim, num_heads=num_heads, causal=False, max_len=n, key=ka,
-                             **kwargs)
-            if residual:
-                return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
-            return BareLayer(attn)
-
         self.cls_token = jax.random.normal(kc, (dim,)) / jnp.sqrt(dim)
         self.pos_embed = 0.02 * jax.random.normal(kp, (n, dim)) if positions else None
-        self.layers = eqx.filter_vmap(make_layer)(jax.random.split(kl, depth))
+        self.layers = _layers(attention, attention_kwargs, dim, num_heads, n, depth,
+                              residual=residual, ffn_hidden=ffn_hidden, dropout=dropout, key=kl)
         self.norm = eqx.nn.LayerNorm(dim) if residual else None
         self.head = eqx.nn.Linear(dim, num_classes, key=kh)
         self.depth = depth
@@ -227,16 +217,100 @@ class ImageClassifier(eqx.Module):
         if image.shape != self.image_shape:
             raise ValueError(f"ImageClassifier: image must have shape {self.image_shape}; got "
                              f"{image.shape}. Use jax.vmap(model)(images) for a batch.")
-        x = self.sites(image)
-        dynamic, static = eqx.partition(self.layers, eqx.is_array)
-        keys = None if key is None else jax.random.split(key, self.depth)
-
-        def layer(h, xs):
-            params, k = xs
-            out = eqx.combine(params, static)(h, key=k, return_diagnostics=return_diagnostics)
-            return out if return_diagnostics else (out, None)
-
-        x, diags = jax.lax.scan(layer, x, (dynamic, keys))
+        x, diags = _apply(self.layers, self.depth, self.sites(image), key, return_diagnostics)
         h = x[0] if self.norm is None else self.norm(x[0])
         logits = self.head(h)
         return (logits, diags) if return_diagnostics else logits
+
+
+def _layers(attention, attention_kwargs, dim, num_heads, n, depth, *, residual, ffn_hidden,
+            dropout, key):
+    """`depth` non-causal layers over `n` sites, stacked on a leading axis (for `_apply`):
+    pre-norm residual `Block`s with an FFN of width `ffn_hidden`, or bare attentions."""
+    reg = get_attention(attention)
+    kwargs = dict(attention_kwargs or {})
+
+    def make_layer(k):
+        ka, kf = jax.random.split(k)
+        attn = reg.build(dim=dim, num_heads=num_heads, causal=False, max_len=n, key=ka,
+                         **kwargs)
+        if residual:
+            return Block(attn, dim, ffn_hidden=ffn_hidden, dropout=dropout, key=kf)
+        return BareLayer(attn)
+
+    return eqx.filter_vmap(make_layer)(jax.random.split(key, depth))
+
+
+def _apply(layers, depth, x, key, return_diagnostics):
+    """`(x, diagnostics)`: the stacked layers applied in turn (one `lax.scan`); the
+    diagnostics stacked over layers, None without `return_diagnostics`."""
+    dynamic, static = eqx.partition(layers, eqx.is_array)
+    keys = None if key is None else jax.random.split(key, depth)
+
+    def layer(h, xs):
+        params, k = xs
+        out = eqx.combine(params, static)(h, key=k, return_diagnostics=return_diagnostics)
+        return out if return_diagnostics else (out, None)
+
+    return jax.lax.scan(layer, x, (dynamic, keys))
+
+
+class ImageReconstructor(eqx.Module):
+    """A corrupted image `(H, W)` → the restored image `(H, W)`, patch by patch, with any
+    registered (non-causal) attention: the masked-image and denoising tasks of the attractor
+    paper (F. D'Amico, M. Negri, arXiv:2409.16112) and the Energy Transformer (B. Hoover et
+    al., arXiv:2302.07253), trained by the library's trainer on `data.ImageReconstruction`.
+
+    Non-overlapping `patch × patch` patches are embedded linearly (plus learned positions),
+    go through `depth` layers (pre-norm residual `Block`s with FFNs of width `ffn_hidden`,
+    or with `residual=False` the bare attentions), a final LayerNorm (residual only), and a
+    linear map from each site back to its patch's pixels. Arguments as `ImageClassifier`'s
+    (no classification site, no conv embedding). `nn.PatchReconstructor` is the attractor
+    experiment's variant (recurrent iterations, patches in and out).
+
+    `model(image, key=None, return_diagnostics=False)` returns the image `(H, W)` (and the
+    layers' `Diagnostics` stacked over layers).
+    """
+
+    embed: PatchEmbed
+    pos_embed: Optional[Float[Array, "n d"]]
+    layers: eqx.Module
+    norm: Optional[eqx.nn.LayerNorm]
+    unembed: eqx.nn.Linear
+    depth: int = eqx.field(static=True)
+    image_shape: tuple[int, int] = eqx.field(static=True)
+
+    def __init__(self, image_shape: tuple[int, int], dim: int, depth: int = 1,
+                 num_heads: int = 1, attention: Union[str, Callable[..., eqx.Module]] = "softmax",
+                 attention_kwargs: Optional[dict[str, Any]] = None, *, patch: int = 4,
+                 residual: bool = True, ffn_hidden: int = 0, positions: bool = True,
+                 dropout: float = 0.0, key: PRNGKeyArray):
+        if depth < 1:
+            raise ValueError(f"ImageReconstructor: depth={depth} must be >= 1.")
+        ke, kp, kl, ku = jax.random.split(key, 4)
+        self.embed, n = PatchEmbedding().build(tuple(image_shape), dim, patch=patch,
+                                               conv_channels=0, key=ke)
+        self.pos_embed = 0.02 * jax.random.normal(kp, (n, dim)) if positions else None
+        self.layers = _layers(attention, attention_kwargs, dim, num_heads, n, depth,
+                              residual=residual, ffn_hidden=ffn_hidden, dropout=dropout, key=kl)
+        self.norm = eqx.nn.LayerNorm(dim) if residual else None
+        self.unembed = eqx.nn.Linear(dim, patch * patch, key=ku)
+        self.depth = depth
+        self.image_shape = tuple(int(v) for v in image_shape)
+
+    def __call__(self, image: Float[Array, "H W"], *, key: Optional[PRNGKeyArray] = None,
+                 return_diagnostics: bool = False):
+        if image.shape != self.image_shape:
+            raise ValueError(f"ImageReconstructor: image must have shape {self.image_shape}; "
+                             f"got {image.shape}. Use jax.vmap(model)(images) for a batch.")
+        x = self.embed(image)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        x, diags = _apply(self.layers, self.depth, x, key, return_diagnostics)
+        if self.norm is not None:
+            x = jax.vmap(self.norm)(x)
+        H, W = self.image_shape
+        p = self.embed.patch
+        out = jax.vmap(self.unembed)(x).reshape(H // p, W // p, p, p)
+        out = out.transpose(0, 2, 1, 3).reshape(H, W)
+        return (out, diags) if return_diagnostics else out

@@ -62,6 +62,10 @@ def build_dataset(cfg: "_config.Config"):
 
 
 def _make_dataset(d: "_config.DataConfig"):
+    if d.corrupt is not None and d.task not in ("digits", "fashion_mnist"):
+        raise _config.ConfigError(f"data.corrupt={d.corrupt}: only the image tasks (digits, "
+                                  f"fashion_mnist) can be reconstructed; data.task is "
+                                  f"{d.task}. Use data.corrupt: null.")
     if d.task == "brackets":
         return _data.BracketMatching(seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed)
     if d.task == "chars":
@@ -78,19 +82,25 @@ def _make_dataset(d: "_config.DataConfig"):
         return _data.NLIFile.from_path(d.path, seq_len=d.seq_len, batch_size=d.batch_size,
                                        seed=d.seed, max_vocab=d.max_vocab,
                                        max_examples=d.max_examples)
-    if d.task == "digits":
-        return _data.ImageDataset.digits(batch_size=d.batch_size, seed=d.seed)
-    if d.task == "fashion_mnist":
-        default = _config.DataConfig.__dataclass_fields__["path"].default
-        return _data.ImageDataset.fashion_mnist(
-            None if d.path == default else d.path, batch_size=d.batch_size, seed=d.seed,
-            val_size=d.val_size, max_train=d.max_train)
+    if d.task in ("digits", "fashion_mnist"):
+        if d.task == "digits":
+            images = _data.ImageDataset.digits(batch_size=d.batch_size, seed=d.seed)
+        else:
+            default = _config.DataConfig.__dataclass_fields__["path"].default
+            images = _data.ImageDataset.fashion_mnist(
+                None if d.path == default else d.path, batch_size=d.batch_size, seed=d.seed,
+                val_size=d.val_size, max_train=d.max_train)
+        if d.corrupt is None:
+            return images
+        return _data.ImageReconstruction(images, d.corrupt, mask_fraction=d.mask_fraction,
+                                         noise_variance=d.noise_variance)
     raise _config.ConfigError(f"data.task: unknown task {d.task!r}.")  # pragma: no cover
 
 
 def build_model(cfg: "_config.Config", dataset, *, key):
     """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, an
-    `ImageClassifier` for images (`model.embed`, `model.residual`, ...), a
+    `ImageClassifier` for images (`model.embed`, `model.residual`, ...), an
+    `ImageReconstructor` for corrupted images (`data.corrupt`; `model.embed=patch`), a
     `PairClassifier` for sentence pairs (`model.pool`; the NeuroGame pooled head takes its
     options from `model.neurogame`). With `train.local_losses` the text models stop
     gradients between blocks (`detach_layers=True`).
@@ -120,6 +130,16 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                 embed=choice("image.embed", m.embed, where="model.embed"), patch=m.patch,
                 conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
                 positions=m.positions, dropout=m.dropout, key=k)
+        if dataset.kind == "reconstruction":
+            if not isinstance(choice("image.embed", m.embed, where="model.embed"),
+                              _nn._image.PatchEmbedding):
+                raise ValueError("reconstruction maps each patch back to its pixels: use "
+                                 "model.embed=patch (with model.patch dividing the image)")
+            return _nn.ImageReconstructor(
+                tuple(dataset.image_shape), dim=m.dim, depth=m.depth, num_heads=m.num_heads,
+                attention=reg.cls, attention_kwargs=reg.kwargs_from(section), patch=m.patch,
+                residual=m.residual, ffn_hidden=m.ffn_hidden, positions=m.positions,
+                dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
             pool = choice("pair.pool", m.pool, where="model.pool")
             head = _nn.pool_attention(pool)

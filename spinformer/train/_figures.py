@@ -72,7 +72,8 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for key, ylabel in (("loss", "cross-entropy"), ("accuracy", "accuracy")):
+    for key, ylabel in (("loss", "loss (cross-entropy; MSE per pixel for reconstruction)"),
+                        ("accuracy", "accuracy")):
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, (label, records) in enumerate(runs.items()):
             color = f"C{i}"
@@ -88,6 +89,9 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
                     ax.axvline(s, color=color, alpha=0.35, lw=0.8, ls="--",
                                label=(f"{label} {total} skipped steps (dashed: logged "
                                       f"steps after them)".strip() if j == 0 else None))
+        if key != "loss" and not ax.has_data():  # e.g. no accuracy: a reconstruction run
+            plt.close(fig)
+            continue
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         if ax.has_data():

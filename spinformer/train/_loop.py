@@ -114,7 +114,8 @@ class _Progress:
         if rec is None:
             return
         self.rec = rec
-        self.bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}")
+        self.bar.set_postfix({"loss": f"{rec['loss']:.3f}",
+                              **({"acc": f"{rec['accuracy']:.3f}"} if "accuracy" in rec else {})})
         if self.plain and time.perf_counter() - self.last_print >= PROGRESS_EVERY_S:
             self._print()
 

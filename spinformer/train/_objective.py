@@ -54,6 +54,14 @@ def _forward(model, inputs, key, state=None):
 
 
 def _sums(logits, targets, mask):
+    """Masked sums `(nll, correct, count)`. Float `targets` (reconstruction) score the
+    outputs by the squared error averaged over each example's trailing axes (`nll` is then the
+    summed mean squared error, `correct` zero); integer targets by the cross-entropy and the
+    argmax."""
+    if jnp.issubdtype(targets.dtype, jnp.floating):
+        err = (logits.astype(jnp.float32) - targets) ** 2
+        err = jnp.mean(err.reshape(*mask.shape, -1), axis=-1)
+        return jnp.sum(err * mask), jnp.zeros((), jnp.float32), jnp.sum(mask)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -126,7 +134,8 @@ def _objective(model, batch, key, state, objective: Objective):
     sums, metrics, extra, next_state = _batch_outputs(model, batch, key, state, objective)
     count = jnp.maximum(sums["count"], 1.0)
     loss = sums["nll"] / count
-    metrics = {"loss": loss, "accuracy": sums["correct"] / count, **metrics}
+    metrics = {"loss": loss, **({} if _regression(batch) else
+                                {"accuracy": sums["correct"] / count}), **metrics}
     value = loss
     if objective.local_losses:
         local = sums["layer_nll"] / count
@@ -192,6 +201,12 @@ def _eval_sums(model, batch, state, objective):
 _BATCH_KEYS = ("inputs", "targets", "mask", "start")
 
 
+def _regression(batch) -> bool:
+    """Float targets: a reconstruction batch, scored by the mean squared error (no accuracy
+    or perplexity)."""
+    return bool(jnp.issubdtype(jnp.asarray(batch["targets"]).dtype, jnp.floating))
+
+
 def evaluate(model, batches, *, objective: Optional[Objective] = None,
              stream: bool = False) -> dict[str, float]:
     """Masked loss and accuracy of `model` (inference mode) over an iterable of batches.
@@ -203,7 +218,8 @@ def evaluate(model, batches, *, objective: Optional[Objective] = None,
     - `stream`: the batches are consecutive chunks of streams (`data.CharText(stream=True)`):
       the model's state is carried from each batch to the next, from zeros.
 
-    **Returns:** `{"loss", "accuracy", "perplexity"[, "solver_steps", "solver_failures",
+    **Returns:** `{"loss", "accuracy", "perplexity"` (float targets: `"loss", "mse"`, the
+    mean squared error per pixel) `[, "solver_steps", "solver_failures",
     "solver_steps/0", ..., "entropy_production", "entropy_production/0", ...,
     "local_loss/0", "local_accuracy/0", ...]}` as Python floats: losses and accuracies
     averaged over all masked positions, the diagnostics' metrics over batches.
@@ -212,8 +228,10 @@ def evaluate(model, batches, *, objective: Optional[Objective] = None,
     totals: dict[str, Any] = {}
     extras: dict[str, list] = {}
     state = None
+    regression = False
     for batch in batches:
         b = {k: jnp.asarray(batch[k]) for k in _BATCH_KEYS if k in batch}
+        regression = _regression(b)
         if stream and state is None:
             state = init_stream_state(model, b)
         sums, extra, state = _eval_sums(model, b, state, objective)
@@ -222,9 +240,12 @@ def evaluate(model, batches, *, objective: Optional[Objective] = None,
         for k, v in extra.items():
             extras.setdefault(k, []).append(float(v))
     count = max(float(totals.get("count", 0.0)), 1.0)
-    out = {"loss": float(totals.get("nll", 0.0)) / count,
-           "accuracy": float(totals.get("correct", 0.0)) / count}
-    out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
+    out = {"loss": float(totals.get("nll", 0.0)) / count}
+    if regression:
+        out["mse"] = out["loss"]
+    else:
+        out["accuracy"] = float(totals.get("correct", 0.0)) / count
+        out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
     out.update({k: float(np.mean(v)) for k, v in extras.items()})
     if "layer_nll" in totals:
         for i, (n, c) in enumerate(zip(totals["layer_nll"], totals["layer_correct"])):
