@@ -1,13 +1,13 @@
 """The attention zoo: every registered attention family on every task it applies to, on one
 trainer, one data pipeline and one budget per task, in one table.
 
-    python experiments/zoo.py run                  # every unfinished run of configs/zoo.yaml
+    python experiments/zoo.py run                  # every unfinished run of configs/zoo/full.yaml
     python experiments/zoo.py run --workers 2      # two worker processes (one core each)
     python experiments/zoo.py report               # tables + figures from what is finished
-    python experiments/zoo.py all --quick          # the quick grid (configs/zoo_quick.yaml)
+    python experiments/zoo.py all --quick          # the quick grid (configs/zoo/quick.yaml)
     python experiments/zoo.py plan                 # what would run, and why cells are empty
 
-The grid file (`--grid`, default `configs/zoo.yaml`; `--quick`: `configs/zoo_quick.yaml`)
+The grid file (`--config`, default `configs/zoo/full.yaml`; `--quick`: `configs/zoo/quick.yaml`)
 names the tasks (a base config, changes, the metric and the split it is measured on), the
 families (config changes, per-task changes, the knob that matches the parameter count to
 softmax's, tasks skipped with a reason), the seeds and the learning-rate candidates.
@@ -490,7 +490,7 @@ def _spawn(args) -> None:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
     cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
-           "--grid", str(args.grid)]
+           "--config", str(args.config)]
     for opt in ("tasks", "families"):
         if getattr(args, opt):
             cmd += [f"--{opt}", getattr(args, opt)]
@@ -650,7 +650,7 @@ def cmd_report(args) -> None:
     unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
             "mse": "MSE per pixel"}
     lines = [f"# The attention zoo", "", grid.get("description", ""), "",
-             f"Grid `{_rel(args.grid)}`; seeds {grid['seeds']}; learning rate: the task's "
+             f"Grid `{_rel(args.config)}`; seeds {grid['seeds']}; learning rate: the task's "
              f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
              "loss; parameters matched to softmax's where the family's knob allows (see each "
              "task's table). Each cell: the metric, mean ± the half-width of its 95 % "
@@ -812,7 +812,7 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
 # ------------------------------------------------------------------------------ command line
 
 def _grid(args) -> dict:
-    grid = load_grid(args.grid)
+    grid = load_grid(args.config)
     grid["_tasks"] = chosen(args.tasks, grid["tasks"], grid["tasks"])
     grid["_families"] = chosen(args.families, grid["families"], grid["families"])
     if REFERENCE not in grid["_families"]:
@@ -822,9 +822,10 @@ def _grid(args) -> dict:
 
 def main(argv=None) -> None:
     p = make_parser(__doc__, runs=None, results=None, commands=("run", "report", "plan"))
-    p.add_argument("--grid", default=None, help="the grid file (default configs/zoo.yaml)")
+    p.add_argument("--config", default=None,
+                   help="the grid file (default configs/zoo/full.yaml)")
     p.add_argument("--quick", action="store_true",
-                   help="the quick grid (configs/zoo_quick.yaml; a smoke test, not a result)")
+                   help="the quick grid (configs/zoo/quick.yaml; a smoke test, not a result)")
     p.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
     p.add_argument("--families", default=None,
                    help="comma-separated families (default: all; softmax is always added)")
@@ -835,7 +836,8 @@ def main(argv=None) -> None:
                    help="train the runs recorded as failed again")
     args = p.parse_args(argv)
     name = "zoo_quick" if args.quick else "zoo"
-    args.grid = args.grid or str(ROOT / "configs" / f"{name}.yaml")
+    args.config = args.config or str(ROOT / "configs" / "zoo" /
+                                     ("quick.yaml" if args.quick else "full.yaml"))
     args.runs = args.runs or str(ROOT / "runs" / name)
     args.results = args.results or str(ROOT / "experiments" / "results" / name)
     dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)

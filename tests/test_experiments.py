@@ -166,7 +166,9 @@ def test_zoo_plan_every_cell_builds_or_says_why():
     to softmax's (or says why it cannot be), or is empty with the library's reason; the runs
     come task by task, the learning-rate candidates of the first seed first."""
     zoo = _load("zoo")
-    grid = zoo.load_grid(ROOT / "configs" / "zoo_quick.yaml")
+    full = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")  # the shipped grid is valid
+    assert len(full["seeds"]) >= 3 and zoo.REFERENCE in full["families"]
+    grid = zoo.load_grid(ROOT / "configs" / "zoo" / "quick.yaml")
     grid["_tasks"], grid["_families"] = list(grid["tasks"]), list(grid["families"])
     cells = zoo.plan_cells(grid, grid["_tasks"], grid["_families"])
     assert set(cells) == {(t, f) for t in grid["tasks"] for f in grid["families"]}
