@@ -748,7 +748,7 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
 
     # the heat map of paired gaps (better-is-positive units), grey where a cell is empty
     G = np.full((len(fams), len(tasks)), np.nan)
-    fig, ax = plt.subplots(figsize=(1.9 * len(tasks) + 3, 0.5 * len(fams) + 1.8))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.9 * len(tasks) + 5), 0.5 * len(fams) + 2.0))
     for i, f in enumerate(fams):
         for j, t in enumerate(tasks):
             s = stats[t, f]
@@ -756,7 +756,8 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
             if g is not None:
                 G[i, j] = g[0]
     lim = max(1.0, float(np.nanmax(np.abs(G)))) if np.isfinite(G).any() else 1.0
-    ax.imshow(np.zeros_like(G), cmap="Greys", vmin=0, vmax=4, aspect="auto")
+    ax.imshow(np.where(np.isnan(G), 1.0, np.nan), cmap="Greys", vmin=0, vmax=6,
+              aspect="auto")  # light grey: empty, pending or reference
     im = ax.imshow(G, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     for i, f in enumerate(fams):
         for j, t in enumerate(tasks):
@@ -777,9 +778,9 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
                   rotation=20, ha="right", fontsize=8)
     ax.set_yticks(range(len(fams)), [grid["families"][f].get("label", f) for f in fams],
                   fontsize=8)
-    fig.colorbar(im, ax=ax, label="gap to softmax (accuracy points; % lower perplexity, MSE)")
-    ax.set_title("Paired gap to softmax (mean ± 95% t-interval over seeds; * excludes 0)",
-                 fontsize=9)
+    fig.colorbar(im, ax=ax, label="accuracy points; % lower perplexity or MSE")
+    ax.set_title("Paired gap to softmax, better is positive\n(mean ± 95% t-interval over "
+                 "seeds; * the interval excludes 0)", fontsize=9)
     fig.tight_layout()
     fig.savefig(results / "gaps.png", dpi=130)
     plt.close(fig)

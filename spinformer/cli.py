@@ -101,6 +101,21 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _how_to_run(configs: pathlib.Path, group: str) -> str:
+    """How the experiment script of a config folder takes its configs: `--config PATH` when
+    the script has that option, else a pointer to its `--help` (it picks its configs by
+    other options)."""
+    script = configs.resolve().parent / "experiments" / f"{group}.py"
+    try:
+        takes_config = '"--config"' in script.read_text()
+    except OSError:
+        return f"used by experiments/{group}.py"
+    if takes_config:
+        return (f"run with `python experiments/{group}.py all --config "
+                f"{configs / group}/NAME.yaml`")
+    return f"used by experiments/{group}.py; see `python experiments/{group}.py --help`"
+
+
 def _cmd_list(args) -> int:
     rows = list_configs(pathlib.Path(args.dir) if args.dir else None)
     if not rows:
@@ -113,8 +128,7 @@ def _cmd_list(args) -> int:
     exp = [(sub.name, list_configs(sub)) for sub in sorted(d.iterdir()) if sub.is_dir()]
     for group, cfgs in exp:
         if cfgs:
-            print(f"\nexperiment configs in {d / group} (run with `python experiments/"
-                  f"{group}.py all --config {d / group}/NAME.yaml`):")
+            print(f"\nexperiment configs in {d / group} ({_how_to_run(d, group)}):")
             for name, desc in cfgs:
                 print(f"  {name:<{width}}  {desc}")
     return 0

@@ -72,6 +72,10 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     assert "quickstart" in listing
     for p in CONFIGS:
         assert p.stem in listing
+    # each experiment folder says how its script takes configs, and only what it accepts
+    assert "experiments/zoo.py all --config" in listing
+    assert "experiments/attractor.py all --config" in listing
+    assert "spin_lm.py all --config" not in listing and "spin_lm.py --help" in listing
     # a mistyped key names the key and the nearest valid one, exit status 2
     code = cli.main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--set", "train.stpes=3",
                      "--out", str(tmp_path / "x")])

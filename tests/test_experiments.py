@@ -206,22 +206,23 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
         return real(grid, cell, factor, seed, out, **kw)
 
     monkeypatch.setattr(zoo, "run_one", run_one)
-    args = ["--quick", "--tasks", "brackets", "--families", "spin_steps,hopfield,free_energy",
+    args = ["--quick", "--tasks", "brackets", "--families", "hopfield,free_energy",
             "--runs", str(runs), "--results", str(results)]
     zoo.main(["all", *args])
     done = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/*/*/result.json"))
-    # softmax and spin_steps: 2 candidates + seed 1 at the chosen factor; hopfield's 3.0
-    # candidate failed, so 1.0 is chosen
-    assert len(done) == 8 and "brackets/hopfield/lr1_s1" in done
+    # softmax: 2 candidates + seed 1 at the chosen factor; hopfield's 3.0 candidate failed,
+    # so 1.0 is chosen
+    assert len(done) == 5 and "brackets/hopfield/lr1_s1" in done
     failed = json.loads((runs / "brackets/hopfield/lr3_s0/failed.json").read_text())
     assert failed["error"] == "FloatingPointError" and "injected" in failed["message"]
     r = json.loads((runs / "brackets/softmax/lr1_s0/result.json").read_text())
     assert r["step_memory_bytes"] > 0 and r["steps_per_s"] > 0 and "accuracy" in r["test"]
     table = (results / "zoo.md").read_text()
-    assert "| spin (2 time steps) |" in table and "injected" in table
+    assert "| modern Hopfield |" in table and "injected" in table
     assert "FreeEnergyAttention: causal=True is not supported" in table  # the empty cell
     stats = json.loads((results / "zoo.json").read_text())
-    assert stats["brackets/spin_steps"]["n"] == 2 and "gap" in stats["brackets/spin_steps"]
+    assert stats["brackets/hopfield"]["n"] == 2 and "gap" in stats["brackets/hopfield"]
+    assert stats["brackets/hopfield"]["lr_factor"] == 1.0
     for fig in ("gaps.png", "cost.png"):
         assert (results / fig).stat().st_size > 0
     before = {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")}
