@@ -69,7 +69,7 @@ from _cli import ROOT, chosen, dispatch, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
-GRID_KEYS = {"description", "seeds", "lr_factors", "match_params", "tasks", "families"}
+GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params", "tasks", "families"}
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
 REFERENCE = "softmax"

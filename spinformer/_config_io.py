@@ -302,9 +302,12 @@ def read_yaml(path) -> dict:
         raise ConfigError(f"{p}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} at "
                           f"offset {e.start}); a config is a YAML text.") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    if raw is None:  # an empty file would silently train every default
+        raise ConfigError(f"{p}: the file is empty; a config names at least its data, model "
+                          "or train settings (start from a shipped one: `spinformer list`).")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections.")
     if "experiment" in raw:

@@ -39,9 +39,15 @@ def find_config(name: str) -> pathlib.Path:
     for cand in (configs_dir() / name, configs_dir() / f"{name}.yaml"):
         if cand.exists():
             return cand
+    import difflib
+
     from .config import ConfigError
 
-    raise ConfigError(f"config {name!r} not found; `spinformer list` shows the shipped configs.")
+    names = [n for n, _ in list_configs()] if configs_dir().is_dir() else []
+    near = difflib.get_close_matches(pathlib.Path(name).stem, names, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    raise ConfigError(f"config {name!r} not found.{hint} `spinformer list` shows the shipped "
+                      "configs.")
 
 
 def list_configs(directory: Optional[pathlib.Path] = None) -> list[tuple[str, str]]:
@@ -81,6 +87,11 @@ def _cmd_run(args) -> int:
     # before any JAX computation; a no-op unless several processes are asked for
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
+    if args.resume and not (out / "config.yaml").exists():
+        from .config import ConfigError
+
+        raise ConfigError(f"--resume: {out} holds no run to resume (no config.yaml); "
+                          f"drop --resume to start a new run there.")
     if is_writer():
         print(f"spinformer: {path} -> {out}", file=sys.stderr)
     try:
@@ -219,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spinformer", description="Train and inspect spin-transformer experiments."
     )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"spinformer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train the experiment described by a YAML config")

@@ -1,4 +1,5 @@
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -104,3 +105,29 @@ def test_python_dash_m():
     out = subprocess.run([sys.executable, "-m", "spinformer", "list", "--dir",
                           str(ROOT / "configs")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "quickstart" in out.stdout
+
+
+def test_new_user_trip_ups(tmp_path, capsys):
+    """What a first try from a fresh clone ran into: the version, a mistyped config name,
+    an empty config file and `--resume` of a run that is not there are each one clear line,
+    and nothing is trained."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("spinformer 0.")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert cli.main(["run", "quickstrat"]) == 2
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert "'quickstrat' not found" in err and "Did you mean 'quickstart'" in err
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    assert cli.main(["run", str(empty), "--out", str(tmp_path / "e")]) == 2
+    assert "the file is empty" in capsys.readouterr().err
+    missing = tmp_path / "no_such_run"
+    assert cli.main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--out", str(missing),
+                     "--resume"]) == 2
+    assert "holds no run to resume" in capsys.readouterr().err
+    assert not empty.with_name("e").exists() and not missing.exists()

@@ -57,6 +57,8 @@ def build_dataset(cfg: "_config.Config"):
         raise
     except _data.DataFileError as e:
         raise _config.ConfigError(f"data.path: {e}") from None
+    except ImportError as e:  # a dataset whose reader is an optional dependency
+        raise _config.ConfigError(f"data.task={d.task}: {e}") from None
     except ValueError as e:
         raise _config.ConfigError(f"data (task {d.task}): {e}") from None
 
