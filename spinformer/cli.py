@@ -87,11 +87,16 @@ def _cmd_run(args) -> int:
     # before any JAX computation; a no-op unless several processes are asked for
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
-    if args.resume and not (out / "config.yaml").exists():
-        from .config import ConfigError
+    if args.resume:
+        saved = out / "config.yaml"
+        if not saved.exists():
+            from .config import ConfigError
 
-        raise ConfigError(f"--resume: {out} holds no run to resume (no config.yaml); "
-                          f"drop --resume to start a new run there.")
+            raise ConfigError(f"--resume: {out} holds no run to resume (no config.yaml); "
+                              f"drop --resume to start a new run there.")
+        # the run goes on with the config it was started with; --set changes apply on top
+        # (train.steps=N continues it to N steps)
+        cfg = _resumed_config(path, saved, cfg, args.set)
     if is_writer():
         print(f"spinformer: {path} -> {out}", file=sys.stderr)
     try:
@@ -103,6 +108,11 @@ def _cmd_run(args) -> int:
     except FloatingPointError as e:
         print(f"spinformer: error: {e}", file=sys.stderr)
         return 1
+    if summary.get("nothing_to_do"):
+        print(f"spinformer: {out}: the run is finished ({summary['steps']} steps"
+              f"{', stopped early' if summary.get('stopped_early') else ''}); nothing to do. "
+              f"To continue it, resume with --set train.steps=<more than {summary['steps']}>.",
+              file=sys.stderr)
     if is_writer():
         print(json.dumps({"run_dir": str(out), "steps": summary["steps"],
                           "bad_steps": summary.get("bad_steps", 0),
@@ -110,6 +120,22 @@ def _cmd_run(args) -> int:
         if summary.get("bad_steps"):
             print(f"spinformer: warning: {skipped_steps_note(summary)}", file=sys.stderr)
     return 0
+
+
+def _resumed_config(path, saved, cfg, overrides):
+    """The config a resumed run goes on with: the one saved in the run directory with the
+    `--set` changes on top. A note names the keys at which the config file given on the
+    command line differs from it (they are not used)."""
+    from .config import load_config, to_dict
+    from .train._experiment import _diff, _resumable
+
+    resumed = load_config(saved, overrides=overrides)
+    ignored = [k for k in _diff(to_dict(resumed), to_dict(cfg)) if not _resumable(k)]
+    if ignored:
+        print(f"spinformer: note: resuming with the config saved in {saved}; {path} differs "
+              f"at {', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''} (not used)",
+              file=sys.stderr)
+    return resumed
 
 
 def _how_to_run(configs: pathlib.Path, group: str) -> str:

@@ -131,3 +131,31 @@ def test_new_user_trip_ups(tmp_path, capsys):
                      "--resume"]) == 2
     assert "holds no run to resume" in capsys.readouterr().err
     assert not empty.with_name("e").exists() and not missing.exists()
+
+
+def test_readme_resume_path_and_continuing_a_finished_run(tmp_path, capsys):
+    """The README's path: a run with `--set train.steps=N`, then `--resume` without the
+    `--set` (the saved config is used; nothing to do once finished, the summary untouched),
+    then `--resume --set train.steps=M` continues it to M steps from its checkpoint."""
+    out = tmp_path / "try"
+    base = ["run", str(ROOT / "configs" / "brackets_hopfield.yaml"), "--out", str(out),
+            "--no-progress"]
+    small = ["--set", "model.dim=8", "--set", "model.ffn_hidden=8", "--set",
+             "data.batch_size=4", "--set", "data.eval_batches=1", "--set", "train.eval_every=2",
+             "--set", "train.warmup_steps=1", "--set", "train.log_every=1"]
+    assert cli.main(base + small + ["--set", "train.steps=2"]) == 0
+    first = (out / "summary.json").read_text()
+    capsys.readouterr()
+    assert cli.main(base + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "nothing to do" in err and "train.steps" in err
+    assert "differs at" in err  # the file named on the command line is not the saved config
+    assert (out / "summary.json").read_text() == first
+    assert cli.main(base + ["--resume", "--set", "train.steps=4"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and C.load_config(out / "config.yaml").train.steps == 4
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["split"] == "train"]
+    assert steps == [1, 2, 3, 4]  # continued from step 2, not restarted
+    assert cli.main(base + ["--resume", "--set", "train.steps=3"]) == 2  # not fewer
+    assert "not fewer" in capsys.readouterr().err

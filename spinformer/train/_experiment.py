@@ -238,8 +238,10 @@ def _diff(a: dict, b: dict, prefix="") -> list[str]:
 
 
 # Keys that may change on --resume, each with everything under it: how progress is shown,
-# the description, and the device mesh (a run may continue on another number of devices).
-_RESUMABLE_CHANGES = ("train.progress", "description", "train.mesh")
+# the description, the device mesh (a run may continue on another number of devices), and the
+# number of steps (a run continued further; checked against its checkpoints).
+# train.steps: a run may be continued to more steps (checked against its checkpoints)
+_RESUMABLE_CHANGES = ("train.progress", "description", "train.mesh", "train.steps")
 
 
 def _resumable(key: str) -> bool:
@@ -314,7 +316,9 @@ def check_run_dir(out_dir, cfg: "_config.Config", *, resume: bool = False,
       directory with only other files (logs, notes), an empty `metrics.jsonl` or the same
       config is used as it is.
     - With `resume`, the saved `config.yaml` must equal `cfg` apart from `train.progress`,
-      `description` and `train.mesh` (and its keys: a run may resume on other devices).
+      `description`, `train.mesh` (and its keys: a run may resume on other devices) and
+      `train.steps`, which may grow (a finished run continued; not below its newest
+      checkpoint's step).
     - With `write` (the process that writes; with several processes only process 0), the
       directory is created with its parents and probed: a small file is written, synced and
       removed. A directory that cannot be created or written (permission denied, read-only
@@ -338,6 +342,12 @@ def check_run_dir(out_dir, cfg: "_config.Config", *, resume: bool = False,
                 f"{', '.join(changed)}; resume with the same config, or start a new run with "
                 "another --out."
             )
+        ckpts = list_checkpoints(out)
+        if ckpts and ckpts[-1][0] > cfg.train.steps:
+            raise _config.ConfigError(
+                f"--resume: train.steps={cfg.train.steps}, but the run in {out} has taken "
+                f"{ckpts[-1][0]} steps already; a run can be continued to more steps, not "
+                "fewer.")
     if not resume and out.is_dir():
         found = _run_contents(out, cfg)
         if found:
@@ -393,19 +403,46 @@ def _write_errors_named(out: pathlib.Path):
         ) from e
 
 
+def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
+    """The saved summary of a run in `out` that has nothing left to do for `cfg` (it reached
+    `train.steps` or stopped early), marked `"nothing_to_do": True`; None otherwise."""
+    import json
+
+    path = out / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("steps", 0) < cfg.train.steps and not summary.get("stopped_early"):
+        return None
+    return {**summary, "nothing_to_do": True}
+
+
 def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None):
     """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
 
     The run directory is checked first (`check_run_dir`): without `resume` it must not hold
     another run, and it must be writable. The resolved config is saved as
     `out_dir/config.yaml`. With `resume=True` the saved config must match `cfg` (apart from
-    `train.progress`, `description` and `train.mesh`), and training continues from the newest
-    intact checkpoint. A write that fails during training (a full disk) is a `RunDirError`
+    `train.progress`, `description`, `train.mesh` and a larger `train.steps`), and training
+    continues from the newest
+    intact checkpoint; a run that is already finished (its `summary.json` reached
+    `train.steps`, or it stopped early) is not touched, and its summary is returned with
+    `"nothing_to_do": True`. Resuming with a larger `train.steps` continues a finished run
+    (the learning-rate schedule is then the longer run's: its cosine decay is stretched to
+    the new length, so the rate steps up where the run resumes). A write that fails during
+    training (a full disk) is a `RunDirError`
     naming the directory and the checkpoint to resume from.
     """
     out = pathlib.Path(out_dir)
     saved = out / "config.yaml"
     created = not out.exists()
+    done = _finished(out, cfg) if resume else None
+    if done is not None:
+        check_run_dir(out, cfg, resume=True, write=False)
+        return done
     try:
         check_run_dir(out, cfg, resume=resume, write=_mesh.is_writer())
         mesh = build_mesh(cfg)
