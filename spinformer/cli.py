@@ -175,6 +175,9 @@ def _cmd_report(args) -> int:
     from .train import report
 
     print(report(args.dirs, out_dir=args.out))
+    target = args.out or (args.dirs[0] if len(args.dirs) == 1 else "report")
+    print(f"spinformer: wrote {pathlib.Path(target) / 'report.md'} and the report_*.png "
+          "figures there", file=sys.stderr)
     return 0
 
 

@@ -159,3 +159,22 @@ def test_readme_resume_path_and_continuing_a_finished_run(tmp_path, capsys):
     assert steps == [1, 2, 3, 4]  # continued from step 2, not restarted
     assert cli.main(base + ["--resume", "--set", "train.steps=3"]) == 2  # not fewer
     assert "not fewer" in capsys.readouterr().err
+
+
+def test_report_watches_an_unfinished_run(tmp_path, capsys, monkeypatch):
+    """A run still training (no summary.json yet) is reported from its metrics.jsonl, marked
+    unfinished, and the command says where it wrote."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    d = tmp_path / "going"
+    d.mkdir()
+    (d / "config.yaml").write_text("model:\n  attention: spin\n")
+    recs = [{"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.3, "time_s": 5.0},
+            {"step": 20, "split": "train", "loss": 1.5, "accuracy": 0.4, "time_s": 7.0},
+            {"step": 20, "split": "val", "loss": 1.6, "accuracy": 0.45, "time_s": 7.5}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cli.main(["report", str(d)]) == 0
+    captured = capsys.readouterr()
+    row = next(x for x in captured.out.splitlines() if x.startswith("| going"))
+    assert "(unfinished)" in row and "| 20 |" in row and "1.6000" in row and "0.4500" in row
+    assert "Unfinished" in captured.out
+    assert f"wrote {d / 'report.md'}" in captured.err and (d / "report.md").exists()

@@ -1,4 +1,5 @@
-"""Reports over finished run directories: a Markdown table and comparison figures."""
+"""Reports over run directories (finished, still running, or stopped): a Markdown table and
+comparison figures."""
 
 from __future__ import annotations
 
@@ -20,30 +21,51 @@ def _solver_steps(metrics: dict) -> str:
     return f"{metrics['solver_steps']:.1f}" + (f" ({per_layer})" if per_layer else "")
 
 
+def _summary(d: pathlib.Path) -> dict:
+    """`summary.json` of a run directory, or for a run still going or stopped before its end
+    a stand-in from `metrics.jsonl` (`"unfinished": True`, the newest validation record as
+    its metrics, else the newest training record); `FileNotFoundError` for neither."""
+    s_path = d / "summary.json"
+    if s_path.exists():
+        return json.loads(s_path.read_text())
+    records = read_metrics(d) if (d / "metrics.jsonl").exists() else []
+    if not records:
+        raise FileNotFoundError(
+            f"{d}: neither summary.json nor metrics records: not a run directory, or a run "
+            f"that has not logged a step yet; train it with `spinformer run CONFIG --out {d}`."
+        )
+    val = [r for r in records if r.get("split") == "val"]
+    last = (val or records)[-1]
+    metrics = {k: v for k, v in last.items() if k not in ("step", "split", "time_s")}
+    return {"unfinished": True, "steps": max(r.get("step", 0) for r in records),
+            "metrics": metrics, "wall_time_s": last.get("time_s"),
+            "bad_steps": max((r.get("bad_steps", 0) for r in records), default=0)}
+
+
 def report(run_dirs: Sequence, out_dir=None) -> str:
     """A Markdown table of the runs' final metrics, and comparison figures in `out_dir`
     (default: the run directory if there is one, else `./report`): `report_loss.png`,
     `report_accuracy.png`, and, one panel per run and one line per layer,
     `report_solver_steps.png` (forward solver steps over training) when a run solved fixed
     points, `report_local_loss.png` when a run trained with local losses and
-    `report_entropy_production.png` when a run's model reports entropy production.
+    `report_entropy_production.png` when a run's model reports entropy production. A run
+    without `summary.json` (still training, or killed) is reported from its `metrics.jsonl`,
+    marked unfinished, so a run can be watched while it trains.
 
-    **Returns:** the table as a string.
+    **Returns:** the table as a string (also written to `out_dir/report.md`).
     """
     dirs = [pathlib.Path(d) for d in run_dirs]
     rows, runs = [], {}
+    unfinished = []
     for d in dirs:
-        s_path = d / "summary.json"
-        if not s_path.exists():
-            raise FileNotFoundError(
-                f"{d}: no summary.json (not a finished run directory); run `spinformer run "
-                f"CONFIG --out {d}` or `--resume` it first."
-            )
-        s = json.loads(s_path.read_text())
+        s = _summary(d)
+        if s.get("unfinished"):
+            unfinished.append(d.name)
         cfg = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
         m = s.get("metrics", {})
         rows.append((
-            d.name, (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
+            d.name + (" (unfinished)" if s.get("unfinished") else ""),
+            (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
             m.get("loss"), m.get("accuracy"), _solver_steps(m), s.get("wall_time_s"),
             s.get("bad_steps", 0),
         ))
@@ -64,6 +86,10 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
     ]
     lines += [f"\n{r[0]}: {skipped_steps_note({'bad_steps': r[7], 'steps': r[2]})}"
               for r in rows if r[7]]
+    if unfinished:
+        lines.append(f"\nUnfinished (running, or stopped before train.steps): "
+                     f"{', '.join(unfinished)}; their row is the newest validation record of "
+                     "metrics.jsonl (the newest training record where none is logged yet).")
     table = "\n".join(lines)
     target = pathlib.Path(out_dir) if out_dir else (dirs[0] if len(dirs) == 1 else pathlib.Path("report"))
     plot_runs(runs, target, prefix="report_")
