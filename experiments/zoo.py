@@ -841,7 +841,11 @@ def main(argv=None) -> None:
                                      ("quick.yaml" if args.quick else "full.yaml"))
     args.runs = args.runs or str(ROOT / "runs" / name)
     args.results = args.results or str(ROOT / "experiments" / "results" / name)
-    dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)
+    try:
+        dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)
+    except sf.train.TrainingInterrupted as e:  # the run saved a checkpoint; a rerun resumes
+        print(f"zoo: stopped by {e}", file=sys.stderr)
+        raise SystemExit(128 + e.signum) from None
 
 
 def argparse_hidden():

@@ -218,3 +218,39 @@ def test_plugs_into_token_models(attention):
         return
     lm = nn.CausalLM(10, dim=8, depth=1, max_len=6, attention=attention, key=jax.random.key(1))
     assert call(lm, tok).shape == (5, 10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_amortised_couplings_factored_equal_the_dense_tensor(causal):
+    """Softmax couplings are applied as W (Σ_j A_ij m_j) without forming the (h, n, n, dh, dh)
+    tensor: the update, its gradients with respect to m and to every parameter, and the
+    couplings' norms equal the dense tensor's."""
+    from spinformer.nn._implicit import FactoredCouplings
+
+    a = nn.ImplicitAttention(DIM, 2, causal=causal, couplings="softmax", onsager="mlp",
+                             max_len=N,
+                             key=jax.random.key(5))
+    x, m = tokens(), tokens(seed=7)
+    op = a.couplings_kind.operator(a, x, None)
+    assert isinstance(op, FactoredCouplings)
+    np.testing.assert_allclose(op.dense(), a.coupling_blocks(x), atol=1e-7)
+    X = a.fields(x)
+
+    def f(model, m, factored):
+        J = model.couplings_kind.operator(model, x, None) if factored else \
+            model.coupling_blocks(x)
+        return jnp.sum(jnp.sin(model.update(m, (X, J, None))))
+
+    for factored in (True, False):
+        v, (gm, gp) = eqx.filter_value_and_grad(
+            lambda both: f(both[1], both[0], factored))((m, a))
+        if factored:
+            ref = (v, gm, gp)
+    np.testing.assert_allclose(ref[0], v, rtol=1e-6)
+    np.testing.assert_allclose(ref[1], gm, rtol=1e-5, atol=1e-6)
+    for g1, g2 in zip(jax.tree.leaves(eqx.filter(ref[2], eqx.is_array)),
+                      jax.tree.leaves(eqx.filter(gp, eqx.is_array))):
+        np.testing.assert_allclose(g1, g2, rtol=1e-5, atol=1e-6)
+    _, d = call(a, x, return_diagnostics=True)
+    want = np.sqrt((np.asarray(a.coupling_blocks(x)) ** 2).sum(axis=(-2, -1)))
+    np.testing.assert_allclose(d.couplings, want, rtol=1e-5, atol=1e-7)
