@@ -13,6 +13,8 @@ width 10), and the memory of the implicit backward pass.
    forward solve forced to exactly 10 and 40 Anderson steps (tol 0): the implicit adjoint's
    memory must not grow with the number of forward steps (an unrolled backward does, shown
    for contrast).
+3. Amortised couplings (`couplings="softmax"`) on the attention zoo's bracket shapes: the
+   factored product W (Σ_j A_ij m_j) against the dense coupling tensor, forward+backward.
 Ratios are `softmax time / implicit time` (> 1: implicit is faster).
 """
 
@@ -114,6 +116,39 @@ def section_memory():
     print(f"implicit 40/10: x{imp:.2f} (flat = 1) ; unrolled 40/10: x{unr:.2f}")
 
 
+def section_amortised(quick):
+    Bz, T, Dz = 64, 12, 32
+    print(f"\n## 3. amortised couplings J_ij = softmax(q_i.k_j) W, the zoo's bracket shapes "
+          f"(batch {Bz}, T = {T}, width {Dz}, causal): forward+backward applying W (A m) "
+          "against the dense (h, n, n, dh, dh) tensor")
+    layer = nn.ImplicitAttention(Dz, 1, causal=True, couplings="softmax", max_len=T,
+                                 key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (Bz, T, Dz))
+    print(f"{'W scale':>8} {'fwd steps':>10} {'dense ms':>9} {'factored ms':>12} "
+          f"{'dense/factored':>15}")
+    for scale in (1.0, 6.0):  # the initial scale, and a solve as hard as a trained model's
+        lay = eqx.tree_at(lambda a: a.W, layer, scale * layer.W)
+
+        def grad_fn(dense):
+            def loss(lay, x):
+                def one(xx):
+                    J = (lay.coupling_blocks(xx) if dense
+                         else lay.couplings_kind.operator(lay, xx, None))
+                    X = lay.fields(xx)
+                    sol = solvers.fixed_point(lay.update, X, (X, J, None), solver=lay.solver,
+                                              adjoint=lay.adjoint, throw=False)
+                    return sol.value, sol.num_steps
+                out, steps = jax.vmap(one)(x)
+                return jnp.sum(jnp.sin(out)), jnp.mean(steps)
+            return eqx.filter_jit(eqx.filter_grad(loss, has_aux=True))
+
+        fns = {k: (lambda f=grad_fn(k == "dense"): f(lay, x)) for k in ("dense", "factored")}
+        t = interleaved(fns, 3 if quick else 10)
+        steps = float(fns["factored"]()[1])
+        print(f"{scale:8.1f} {steps:10.1f} {1e3 * t.median('dense'):9.2f} "
+              f"{1e3 * t.median('factored'):12.2f} {t.ratio('dense', 'factored'):15.2f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer timing rounds")
@@ -121,6 +156,7 @@ def main():
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
     section_time(a.quick)
     section_memory()
+    section_amortised(a.quick)
 
 
 if __name__ == "__main__":
