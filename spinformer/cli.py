@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -103,7 +104,10 @@ def _cmd_run(args) -> int:
         summary = run(cfg, out, resume=args.resume,
                       progress=False if args.no_progress else None)
     except TrainingInterrupted as e:
-        print(f"spinformer: stopped by {e}", file=sys.stderr)
+        again = " ".join(["spinformer", "run", args.config, "--out", str(out), "--resume"])
+        print(f"spinformer: stopped by {signal.Signals(e.signum).name} at step {e.step}: "
+              f"checkpoint written to {e.checkpoint}. Continue with:\n  {again}",
+              file=sys.stderr)
         return 128 + e.signum
     except FloatingPointError as e:
         print(f"spinformer: error: {e}", file=sys.stderr)
@@ -339,6 +343,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"spinformer: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training started (setup), or a second Ctrl-C
+        print("spinformer: interrupted (checkpoints already on disk are intact)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

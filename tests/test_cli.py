@@ -107,6 +107,18 @@ def test_python_dash_m():
     assert out.returncode == 0 and "quickstart" in out.stdout
 
 
+def test_ctrl_c_before_training_is_one_line(monkeypatch, capsys):
+    """Ctrl-C while a run is being set up (building data and model) exits 130 with one line,
+    not a traceback."""
+    def setup(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_list", setup)
+    assert cli.main(["list"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("spinformer: interrupted") and len(err.splitlines()) == 1
+
+
 def test_new_user_trip_ups(tmp_path, capsys):
     """What a first try from a fresh clone ran into: the version, a mistyped config name,
     an empty config file and `--resume` of a run that is not there are each one clear line,

@@ -1041,6 +1041,8 @@ def test_sigint_checkpoints_and_exits_cleanly(tmp_path):
     assert "stopped by SIGINT at step" in err and "Traceback" not in err
     ((stopped, path),) = _ckpt_list(tmp_path / "run")
     assert f"ckpt-{stopped:08d}.ckpt" in err
+    # the whole command that continues the run, not just "--resume"
+    assert f"--out {tmp_path / 'run'} --resume" in err and "spinformer run " in err
     assert max(r["step"] for r in train.read_metrics(tmp_path / "run")) <= stopped
 
 
