@@ -190,3 +190,17 @@ def test_report_watches_an_unfinished_run(tmp_path, capsys, monkeypatch):
     assert "(unfinished)" in row and "| 20 |" in row and "1.6000" in row and "0.4500" in row
     assert "Unfinished" in captured.out
     assert f"wrote {d / 'report.md'}" in captured.err and (d / "report.md").exists()
+
+
+def test_readme_python_blocks_run_as_written(tmp_path):
+    """Every ```python block of the README runs as written (each in a fresh interpreter from
+    the repository root, so that what a block registers stays there)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 2
+    for i, code in enumerate(blocks):
+        script = tmp_path / f"block{i}.py"
+        script.write_text(code)
+        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, f"README python block {i}:\n{code}\n{proc.stderr[-3000:]}"

@@ -126,7 +126,7 @@ def register_attention(
 
     - `name`: a Python identifier (it becomes the config section `model.<name>`).
     - `config`: a frozen dataclass of the module's options (fields made with
-      `spinformer._schema.option`), or None. Each field is passed to the constructor under
+      `spinformer.config.option`), or None. Each field is passed to the constructor under
       its own name (`solver`/`adjoint` sections built into objects, `section_kwargs`),
       unless the class defines the classmethod `from_config(section) -> dict`. Take the
       constructor's defaults from the section (`_DEFAULTS = Config()`, `beta=_DEFAULTS.beta`)

@@ -370,7 +370,7 @@ class SpinAttention(eqx.Module):
     - `init`: initial magnetizations for `mode="steps"`: `Reset()` (`"reset"`, the decoupled
       magnetizations φ(x), fresh each call), `Learned()` (`"learned"`, a trained vector per
       head) or `Carried()` (`"carried"`, the `state=` passed by the caller, e.g. the
-      previous call's `diagnostics["state"]`; φ(x) if None).
+      previous call's `diagnostics.state`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
       tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
       `Implicit(GMRES(restart=5), tol=1e-3)`), and `throw=False` (the default) reports
@@ -547,7 +547,8 @@ class SpinAttention(eqx.Module):
           `delayed_correlations (H, n, n)` and `entropy_production (H,)` (see
           `nonequilibrium`; between the last two time steps in `mode="steps"`).
 
-        **Returns:** `(n, d)` magnetizations (through `out_proj` if present), or
+        **Returns:** `(n, d)` magnetizations (through the output map `out_proj`, built when
+        `output_proj=True`), or
         `(output, diagnostics)`.
         """
         del key
