@@ -212,7 +212,7 @@ def _cmd_diagnose(args) -> int:
 
     try:
         summary = diagnose(args.run_dir, batches=args.batches, starts=args.starts,
-                           seed=args.seed, out_dir=args.out)
+                           seed=args.seed, out_dir=args.out, progress=True)
     except ValueError as e:
         print(f"spinformer: error: {e}", file=sys.stderr)
         return 2

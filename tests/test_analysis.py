@@ -138,7 +138,11 @@ def test_diagnose_command(tmp_path, capsys):
     train.run(cfg, run, progress=False)
     out = tmp_path / "diag"
     assert cli.main(["diagnose", str(run), "--starts", "3", "--out", str(out)]) == 0
-    table = capsys.readouterr().out
+    captured = capsys.readouterr()
+    table = captured.out
+    # progress while it works: loading, the batch (with the compile), the summary
+    assert "diagnose: loading" in captured.err and "compiling" in captured.err
+    assert "diagnose: summarising" in captured.err
     summary = json.loads((out / "diagnostics.json").read_text())
     assert summary["examples"] == 3 and summary["starts"] == 3
     assert summary["spectral_radius_method"] == "eigenvalues"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
+import time
 from typing import Optional
 
 import equinox as eqx
@@ -139,7 +141,7 @@ def _plot(layers, path: pathlib.Path, title: str) -> None:
 
 
 def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
-             out_dir=None) -> dict:
+             out_dir=None, progress: bool = False) -> dict:
     """Diagnose a trained run: `nn.model_analysis` on every example of `batches` validation
     batches (the newest checkpoint of `run_dir`, `load_run`).
 
@@ -154,7 +156,9 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     (default: the run directory).
 
     **Arguments:** `run_dir` a run directory; `batches` ≥ 1 validation batches; `starts` ≥ 0
-    random starts per fixed point; `seed` for the starts; `out_dir` where to write.
+    random starts per fixed point; `seed` for the starts; `out_dir` where to write;
+    `progress`: a line on stderr at each stage (the first batch compiles the analysis, which
+    takes tens of seconds).
 
     **Returns:** the summary dict: `run_dir`, `examples`, `starts`, `seed`, `attention`,
     `spectral_radius_method` and `layers` (one dict per layer; absent keys do not apply).
@@ -168,6 +172,14 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
             and starts >= 0):
         raise ValueError(f"diagnose: batches={batches!r} must be >= 1 and starts={starts!r} "
                          ">= 0.")
+    t0 = time.perf_counter()
+
+    def say(msg):
+        if progress:
+            print(f"diagnose: {msg} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+
+    say(f"loading {run_dir}")
     cfg, dataset, model = load_run(run_dir)
     if not isinstance(model, _nn.SequenceModel):
         raise _config.ConfigError(
@@ -176,10 +188,13 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     key = jax.random.key(seed)
     analyses, examples = [], 0
     for b in range(batches):
+        say(f"batch {b + 1}/{batches}: every example's fixed points from 1 + {starts} starts"
+            + (" (compiling the analysis first)" if b == 0 else ""))
         tokens = jnp.asarray(dataset.batch(b, "val")["inputs"])
         examples += int(tokens.shape[0])
         keys = jax.random.split(jax.random.fold_in(key, b), tokens.shape[0])
         analyses.append(_analyse_batch_jit(model, tokens, keys, num_starts=starts))
+    say("summarising and drawing")
     depth = model.transformer.depth
     layers = _per_layer(analyses, depth)
     fp = analyses[0].fixed_points
