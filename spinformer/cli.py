@@ -259,6 +259,41 @@ def _cmd_data(args) -> int:
     return 0
 
 
+def _import_option(parser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE", help="import a module (a dotted name, or a .py file) "
+                        "first, e.g. one that registers your own attention with "
+                        "nn.register_attention; may be repeated")
+
+
+def import_user_modules(names: Sequence[str]) -> None:
+    """Import each `--import` module before configs are read, so that what it registers
+    (an attention, an option) is a valid config value: a path to a `.py` file, or a dotted
+    module name (found on `sys.path`, with the current directory first). A module that
+    cannot be imported is a `ConfigError` naming it and the error."""
+    import importlib
+    import importlib.util
+
+    from .config import ConfigError
+
+    for name in names:
+        try:
+            path = pathlib.Path(name)
+            if name.endswith(".py"):
+                if not path.is_file():
+                    raise FileNotFoundError(f"no file {name}")
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
+            else:
+                if "" not in sys.path and str(pathlib.Path.cwd()) not in sys.path:
+                    sys.path.insert(0, str(pathlib.Path.cwd()))
+                importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported
+            raise ConfigError(f"--import {name}: {type(e).__name__}: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spinformer", description="Train and inspect spin-transformer experiments."
@@ -271,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="train the experiment described by a YAML config")
     r.add_argument("config", help="a YAML file, or the name of a shipped config (see `list`)")
     r.add_argument("--out", help="run directory (default: runs/<config name>[-N])")
+    _import_option(r)
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.steps=200 (repeatable)")
     r.add_argument("--resume", action="store_true",
@@ -299,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=_cmd_report)
 
     g = sub.add_parser("generate", help="sample text from a trained character-level run")
+    _import_option(g)
     g.add_argument("run_dir", help="the run directory (runs/<config name>[-N])")
     g.add_argument("--prompt", required=True, help="the text to continue (characters of the "
                    "training text)")
@@ -313,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=_cmd_generate)
 
     dg = sub.add_parser("diagnose", help="fixed-point diagnostics of a trained run, per layer")
+    _import_option(dg)
     dg.add_argument("run_dir", help="the run directory (runs/<config name>[-N])")
     dg.add_argument("--batches", type=int, default=1,
                     help="validation batches to analyse, every example of each (1)")
@@ -339,6 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        import_user_modules(getattr(args, "imports", []))
         return args.fn(args)
     except (ConfigError, FileNotFoundError) as e:
         print(f"spinformer: error: {e}", file=sys.stderr)

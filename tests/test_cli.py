@@ -204,3 +204,36 @@ def test_readme_python_blocks_run_as_written(tmp_path):
         proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, f"README python block {i}:\n{code}\n{proc.stderr[-3000:]}"
+
+
+def test_own_attention_from_the_command_line(tmp_path):
+    """`--import my_attention.py` registers the user's attention before the config is read:
+    `model.attention` may then name it, and the run trains with it."""
+    mod = tmp_path / "my_attention.py"
+    mod.write_text(
+        "from spinformer import nn\n\n\n"
+        "@nn.register_attention('halfsoft', help='softmax attention, outputs halved')\n"
+        "class Half(nn.SoftmaxAttention):\n"
+        "    def __call__(self, x, **kw):\n"
+        "        out = super().__call__(x, **kw)\n"
+        "        if isinstance(out, tuple):\n"
+        "            return 0.5 * out[0], out[1]\n"
+        "        return 0.5 * out\n")
+    out = tmp_path / "run"
+    args = ["run", str(ROOT / "configs" / "brackets_softmax.yaml"), "--import", str(mod),
+            "--out", str(out), "--no-progress", "--set", "model.attention=halfsoft",
+            "--set", "train.steps=2", "--set", "data.batch_size=4", "--set",
+            "data.eval_batches=1", "--set", "train.warmup_steps=1"]
+    proc = subprocess.run([sys.executable, "-m", "spinformer", *args], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "attention: halfsoft" in (out / "config.yaml").read_text()
+    # without the import the name is unknown, and a broken module is named
+    proc = subprocess.run([sys.executable, "-m", "spinformer", *args[:2], "--set",
+                           "model.attention=halfsoft"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "halfsoft" in proc.stderr
+    bad = tmp_path / "broken.py"
+    bad.write_text("raise RuntimeError('oops')\n")
+    proc = subprocess.run([sys.executable, "-m", "spinformer", "run", "quickstart", "--import",
+                           str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--import" in proc.stderr and "oops" in proc.stderr
