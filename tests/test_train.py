@@ -304,3 +304,23 @@ def test_solver_steps_figure_draws_counted_backward_products(tmp_path, monkeypat
     assert "layer 0 backward products" in drawn
     assert not any(label.startswith("layer 1 backward") for label in drawn)
     assert "layer 1 train" in drawn
+
+
+def test_run_figures_name_the_run_show_percent_and_baselines(tmp_path, monkeypatch):
+    """The accuracy figure is in %, headed by the run's name, with the dataset's reference
+    accuracies (chance, ...) as lines; skipped steps are marked."""
+    from spinformer.train import _figures
+
+    drawn = []
+    monkeypatch.setattr(_figures._Figures, "close", staticmethod(drawn.append))
+    recs = [{"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.30, "bad_steps": 0},
+            {"step": 20, "split": "train", "loss": 1.5, "accuracy": 0.50, "bad_steps": 2},
+            {"step": 20, "split": "val", "loss": 1.6, "accuracy": 0.45}]
+    train.plot_run(recs, tmp_path, title="my_run", baselines={"chance_accuracy": 0.25,
+                                                              "note": 3.0})
+    acc = next(f.axes[0] for f in drawn if f.axes[0].get_ylabel() == "accuracy (%)")
+    assert acc.get_title() == "my_run"
+    ys = {round(float(y), 6) for line in acc.get_lines() for y in line.get_ydata()}
+    assert {30.0, 50.0, 45.0, 25.0} <= ys  # the runs in %, chance at 25 %
+    labels = [line.get_label() for line in acc.get_lines()]
+    assert "chance" in labels and any("skipped" in lab for lab in labels)

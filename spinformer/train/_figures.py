@@ -54,34 +54,42 @@ def layers_of(records, name: str = "solver_steps") -> list[int]:
 _PER_LAYER = (("local_loss", "local cross-entropy"), ("entropy_production", "entropy production σ"))
 
 
-def plot_run(records: list[dict], out_dir) -> list[pathlib.Path]:
+def plot_run(records: list[dict], out_dir, *, title: str = "",
+             baselines: "dict | None" = None) -> list[pathlib.Path]:
     """Write `loss.png` and `accuracy.png` (train and validation vs step) into `out_dir`,
     `solver_steps.png` (forward solver steps per layer vs step, and the backward solves'
     matrix-vector products where the linear solver counts them) for models that solve fixed
     points, `local_loss.png` (each layer's own cross-entropy vs step) for runs with local
-    losses, and `entropy_production.png` (per layer vs step) for models that report it."""
-    return plot_runs({"": records}, out_dir)
+    losses, and `entropy_production.png` (per layer vs step) for models that report it.
+    `title` (e.g. the run's name) heads every figure; `baselines` (the dataset's reference
+    accuracies, `summary.json`'s "baselines") are drawn as grey lines on the accuracy
+    figure."""
+    return plot_runs({"": records}, out_dir, title=title, baselines=baselines)
 
 
-def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pathlib.Path]:
+def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "", *, title: str = "",
+              baselines: "dict | None" = None) -> list[pathlib.Path]:
     """Figures comparing several runs (`{label: records}`): `{prefix}loss.png`,
-    `{prefix}accuracy.png`, and, one panel per run and one line per layer,
-    `{prefix}solver_steps.png`, `{prefix}local_loss.png` and
-    `{prefix}entropy_production.png` if any run logged that metric per layer."""
+    `{prefix}accuracy.png` (in %, with the `baselines` accuracies, e.g. chance, as grey
+    lines), and, one panel per run and one line per layer, `{prefix}solver_steps.png`,
+    `{prefix}local_loss.png` and `{prefix}entropy_production.png` if any run logged that
+    metric per layer. Steps skipped for a non-finite loss or gradient are marked on the loss
+    and accuracy figures; `title` heads every figure."""
     plt = _plt()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for key, ylabel in (("loss", "loss (cross-entropy; MSE per pixel for reconstruction)"),
-                        ("accuracy", "accuracy")):
+                        ("accuracy", "accuracy (%)")):
         fig, ax = plt.subplots(figsize=(6, 4))
+        scale = 100.0 if key == "accuracy" else 1.0
         for i, (label, records) in enumerate(runs.items()):
             color = f"C{i}"
             for split, style in (("train", ":"), ("val", "-")):
                 xs, ys = _series(records, split, key)
                 if xs:
                     name = f"{label} {split}".strip()
-                    ax.plot(xs, ys, style, color=color, label=name)
+                    ax.plot(xs, [scale * y for y in ys], style, color=color, label=name)
             skipped = skipped_steps(records)
             if skipped:  # where steps were skipped (non-finite loss or gradient)
                 total = sum(n for _, n in skipped)
@@ -92,6 +100,13 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
         if key != "loss" and not ax.has_data():  # e.g. no accuracy: a reconstruction run
             plt.close(fig)
             continue
+        if key == "accuracy":
+            for j, (name, value) in enumerate(sorted((baselines or {}).items())):
+                if name.endswith("_accuracy"):
+                    ax.axhline(100.0 * value, color="0.5", lw=0.9, ls=("--", "-.", ":")[j % 3],
+                               label=name.replace("_accuracy", "").replace("_", " "))
+        if title:
+            ax.set_title(title, fontsize="medium")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         if ax.has_data():
@@ -104,17 +119,19 @@ def plot_runs(runs: dict[str, list[dict]], out_dir, prefix: str = "") -> list[pa
         paths.append(p)
     solved = {label: records for label, records in runs.items() if layers_of(records)}
     if solved:
-        paths.append(_plot_solver_steps(plt, solved, out / f"{prefix}solver_steps.png"))
+        paths.append(_plot_solver_steps(plt, solved, out / f"{prefix}solver_steps.png",
+                                        title))
     for name, ylabel in _PER_LAYER:
         logged = {label: records for label, records in runs.items()
                   if layers_of(records, name)}
         if logged:
-            paths.append(_plot_per_layer(plt, logged, name, ylabel, out / f"{prefix}{name}.png"))
+            paths.append(_plot_per_layer(plt, logged, name, ylabel, out / f"{prefix}{name}.png",
+                                         title=title))
     return paths
 
 
 def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
-                    path: pathlib.Path, extra=None) -> pathlib.Path:
+                    path: pathlib.Path, extra=None, title: str = "") -> pathlib.Path:
     """One panel per run, one colour per layer: `name/<layer>` for train (dotted) and val
     (solid); `extra(ax, records, layer)` draws more per layer."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(6, 3 * len(runs)), squeeze=False,
@@ -128,8 +145,9 @@ def _plot_per_layer(plt, runs: dict[str, list[dict]], name: str, ylabel: str,
             if extra is not None:
                 extra(ax, records, layer)
         ax.set_ylabel(ylabel)
-        if label:
-            ax.set_title(label, fontsize="small")
+        heading = " — ".join(t for t in (title, label) if t)
+        if heading:
+            ax.set_title(heading, fontsize="small")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
@@ -148,6 +166,8 @@ def _backward_products(ax, records, layer) -> None:
         ax.plot(*zip(*pts), "--", color=f"C{layer}", label=f"layer {layer} backward products")
 
 
-def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path) -> pathlib.Path:
-    return _plot_per_layer(plt, runs, "solver_steps", "solver steps", path,
-                           extra=_backward_products)
+def _plot_solver_steps(plt, runs: dict[str, list[dict]], path: pathlib.Path,
+                       title: str = "") -> pathlib.Path:
+    return _plot_per_layer(plt, runs, "solver_steps",
+                           "forward steps per solve;\nbackward products (dashed)", path,
+                           extra=_backward_products, title=title)

@@ -369,5 +369,6 @@ def fit(
     }
     if writer:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_run(records, out)
+        plot_run(records, out, title=out.name,
+                 baselines=(extra_summary or {}).get("baselines"))
     return state.model, summary

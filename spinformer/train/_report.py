@@ -56,9 +56,10 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
     """
     dirs = [pathlib.Path(d) for d in run_dirs]
     rows, runs = [], {}
-    unfinished = []
+    unfinished, baselines = [], []
     for d in dirs:
         s = _summary(d)
+        baselines.append(s.get("baselines"))
         if s.get("unfinished"):
             unfinished.append(d.name)
         cfg = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
@@ -92,6 +93,7 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
                      "metrics.jsonl (the newest training record where none is logged yet).")
     table = "\n".join(lines)
     target = pathlib.Path(out_dir) if out_dir else (dirs[0] if len(dirs) == 1 else pathlib.Path("report"))
-    plot_runs(runs, target, prefix="report_")
+    shared = baselines[0] if all(b == baselines[0] for b in baselines) else None
+    plot_runs(runs, target, prefix="report_", title=", ".join(runs)[:80], baselines=shared)
     (target / "report.md").write_text(table + "\n")
     return table
