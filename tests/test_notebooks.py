@@ -59,3 +59,25 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes_full_size(path, tmp_path, monkeypatch):
     _execute(path, tmp_path, monkeypatch, small=False, timeout=3600)
+
+
+def _draws(source: str) -> bool:
+    return any(s in source for s in ("plt.show()", "plt.subplots", "plt.figure"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_notebook_has_its_outputs_and_figures(path):
+    """A notebook is committed executed: every code cell ran (in order, no errors), and every
+    cell that draws a figure shows it (a PNG output), so the notebook reads on GitHub without
+    running it."""
+    nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    counts = [c.get("execution_count") for c in code]
+    assert None not in counts, f"{path.name}: cells never executed: {counts}"
+    assert counts == sorted(counts), f"{path.name}: cells executed out of order: {counts}"
+    for i, c in enumerate(code):
+        outputs = c.get("outputs", [])
+        assert not [o for o in outputs if o.get("output_type") == "error"], (path.name, i)
+        if _draws(c.source):
+            pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+            assert pngs, f"{path.name}: code cell {i} draws a figure but shows none"
