@@ -255,7 +255,12 @@ def _cmd_data(args) -> int:
         print(f"{name}  {desc}")
     print(f"fashion-mnist  Fashion-MNIST images (data.task: fashion_mnist), "
           f"{_fashion_mnist_status()[1]}")
-    print("digits  scikit-learn's 8x8 digits (data.task: digits), shipped with scikit-learn")
+    import importlib.util
+
+    have = importlib.util.find_spec("sklearn") is not None
+    print("digits  scikit-learn's 8x8 digits (data.task: digits), inside the scikit-learn "
+          "package: " + ("installed" if have else "not installed: `pip install scikit-learn` "
+                         "(or the dev extra, `pip install -e \".[dev]\"`)"))
     return 0
 
 

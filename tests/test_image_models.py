@@ -88,9 +88,42 @@ def test_data_commands_name_fashion_mnist(capsys):
     assert cli.main(["data", "list"]) == 0
     out = capsys.readouterr().out
     assert "fashion-mnist" in out and "digits" in out
+    assert "scikit-learn package: installed" in out  # the tests' environment has it
     rc = cli.main(["data", "fetch", "fashion-mnist"])
     both = "".join(capsys.readouterr())
     assert "dataset-fashion-mnist" in both or "installed in" in both
     assert rc in (0, 2)
     assert cli.main(["data", "fetch", "no-such-data"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
+
+
+def test_digits_without_scikit_learn_is_one_line(monkeypatch, capsys, tmp_path):
+    """`pip install -e .` brings no scikit-learn: `data list` says it is missing, and a digits
+    config fails in one line that says what to install."""
+    import builtins
+    import importlib.util
+
+    from spinformer.data import _mnist
+
+    real_import, real_find = builtins.__import__, importlib.util.find_spec
+
+    def no_sklearn(name, *args, **kwargs):
+        if name == "sklearn" or name.startswith("sklearn."):
+            raise ImportError("No module named 'sklearn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sklearn)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sklearn" else real_find(name, *a))
+    _mnist._digits_arrays.cache_clear()
+    try:
+        assert cli.main(["data", "list"]) == 0
+        assert "not installed: `pip install scikit-learn`" in capsys.readouterr().out
+        code = cli.main(["run", str(ROOT / "configs" / "fmnist_softmax.yaml"), "--set",
+                         "data.task=digits", "--set", "model.embed=patch", "--out",
+                         str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert code == 2 and "pip install scikit-learn" in err and len(err.splitlines()) <= 2
+        assert not (tmp_path / "r").exists()
+    finally:
+        _mnist._digits_arrays.cache_clear()
