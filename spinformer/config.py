@@ -281,6 +281,10 @@ class TrainConfig:
     mesh: Optional[dict] = _f(None, "device mesh for data parallelism, axis name -> size, e.g. "
                               "{data: 4} or {data: 2, model: 2} (a size -1 takes the remaining "
                               "devices); null: every device on the data axis")
+    tensorboard: bool = _f(False, "also write every metrics.jsonl record as TensorBoard "
+                           "scalars (<split>/<metric>) and the run's figures as images at the "
+                           "end, into <run>/tensorboard (needs tensorboardX: pip install -e "
+                           "\".[track]\")")
     checkpointer: str = _f("auto", "checkpoint files: native (one checksummed file, written "
                            "by process 0), orbax (orbax-checkpoint: every process writes its "
                            "shards), or auto (orbax only when a model axis spans several "

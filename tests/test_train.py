@@ -1,6 +1,7 @@
 import hashlib
 import io
 import json
+import pathlib
 import warnings
 
 import equinox as eqx
@@ -11,6 +12,8 @@ import pytest
 
 from spinformer import config as C
 from spinformer import data, nn, solvers, train
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _tiny_cfg(**over):
@@ -324,3 +327,47 @@ def test_run_figures_name_the_run_show_percent_and_baselines(tmp_path, monkeypat
     assert {30.0, 50.0, 45.0, 25.0} <= ys  # the runs in %, chance at 25 %
     labels = [line.get_label() for line in acc.get_lines()]
     assert "chance" in labels and any("skipped" in lab for lab in labels)
+
+
+def _tensorboard_events(log_dir):
+    """`(scalars {(tag, step): value}, image tags)` of the event files in `log_dir`, read
+    with the TFRecord framing (length, CRC, payload, CRC) and tensorboardX's protobufs."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars, images = {}, set()
+    for path in sorted(pathlib.Path(log_dir).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 12 + n + 4
+            for v in event.summary.value:
+                if v.HasField("image"):
+                    images.add(v.tag)
+                else:
+                    scalars[(v.tag, event.step)] = v.simple_value
+    return scalars, images
+
+
+def test_tensorboard_scalars_match_metrics_jsonl(tmp_path):
+    """`train.tensorboard: true` writes every metric of every metrics.jsonl record as the
+    scalar `<split>/<metric>` at its step, and the run's figures as images."""
+    pytest.importorskip("tensorboardX")
+    cfg = C.load_config(ROOT / "configs" / "brackets_hopfield.yaml", overrides=[
+        "train.steps=4", "train.log_every=1", "train.eval_every=2", "train.warmup_steps=1",
+        "train.progress=false", "train.tensorboard=true", "data.batch_size=4",
+        "data.eval_batches=1", "data.seq_len=6", "model.dim=6", "model.ffn_hidden=8"])
+    train.run(cfg, tmp_path / "run")
+    scalars, images = _tensorboard_events(tmp_path / "run" / "tensorboard")
+    records = train.read_metrics(tmp_path / "run")
+    expected = {(f"{r['split']}/{k}", r["step"]): v for r in records for k, v in r.items()
+                if k not in ("step", "split", "time_s") and isinstance(v, (int, float))}
+    assert {"train/loss", "val/accuracy", "train/solver_steps/0",
+            "val/solver_steps/0", "train/lr"} <= {t for t, _ in expected}
+    assert set(scalars) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(scalars[key], value, rtol=1e-6, atol=1e-30, err_msg=key)
+    assert {"figures/loss", "figures/accuracy", "figures/solver_steps"} <= images

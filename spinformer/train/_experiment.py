@@ -461,12 +461,22 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         if callable(getattr(dataset, "save", None)):  # e.g. the vocabulary of a tokenizer
             dataset.save(out)
     t = cfg.train
+    trackers = []
+    if t.tensorboard and _mesh.is_writer():
+        from ._trackers import TensorBoard
+
+        try:
+            trackers.append(TensorBoard(out / "tensorboard"))
+        except ImportError as e:
+            raise _config.ConfigError(f"train.tensorboard=true: {e}") from None
     extra = {
         "num_params": num_params(model),
         "description": cfg.description,
         "baselines": dataset.baselines(dataset.batch(0, "val")),
     }
-    with _write_errors_named(out):
+    with _write_errors_named(out), contextlib.ExitStack() as closing:
+        for tracker in trackers:
+            closing.callback(tracker.close)
         _, summary = fit(
             model, optimizer, dataset, out_dir=out, steps=t.steps, seed=t.seed,
             eval_batches=cfg.data.eval_batches, log_every=t.log_every, eval_every=t.eval_every,
@@ -476,7 +486,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             lr_schedule=make_schedule(t.lr, t.steps, t.warmup_steps, t.min_lr_ratio),
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
             precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
-            objective=build_objective(cfg), stream=cfg.data.stream,
+            objective=build_objective(cfg), stream=cfg.data.stream, trackers=trackers,
         )
     return summary
 

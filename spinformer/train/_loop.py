@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import equinox as eqx
 import jax
@@ -194,6 +194,7 @@ def fit(
     checkpointer: str = "native",
     objective=None,
     stream: bool = False,
+    trackers: Sequence = (),
 ):
     """Train `model` on `dataset` and write a run directory.
 
@@ -228,6 +229,11 @@ def fit(
       nothing sharded). Batches are split over its `data` axis, the model and optimiser
       state replicated (or split over `model`); the metrics are global. With several
       processes only process 0 writes files.
+
+    - `trackers`: experiment trackers (`train._trackers.Tracker`: `log`, `image`, `close`)
+      that get every record written to `metrics.jsonl` and, at the end, the run's figures;
+      e.g. `TensorBoard(out_dir / "tensorboard")` (`train.tensorboard: true`). Only the
+      writing process calls them; whoever made them closes them (`run` does).
 
     SIGTERM or SIGINT (in the main thread) finish the step in flight, write a checkpoint and
     raise `TrainingInterrupted`; `resume=True` then continues bit-identically.
@@ -290,6 +296,8 @@ def fit(
         if writer:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+            for t in trackers:
+                t.log(record)
 
     def save(step):  # the checkpoint of `state` (at `step`)
         meta = {
@@ -369,6 +377,9 @@ def fit(
     }
     if writer:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_run(records, out, title=out.name,
-                 baselines=(extra_summary or {}).get("baselines"))
+        figures = plot_run(records, out, title=out.name,
+                           baselines=(extra_summary or {}).get("baselines"))
+        for t in trackers:
+            for path in figures:
+                t.image(f"figures/{path.stem}", path, step)
     return state.model, summary
