@@ -48,6 +48,7 @@ __all__ = [
     "load_config",
     "option",
     "parse_overrides",
+    "reference_markdown",
     "save_config",
     "to_dict",
 ]
@@ -393,6 +394,30 @@ def from_dict(raw: Optional[dict], cls=None, prefix: str = "", *, base=None):
     """Build `cls` (a config dataclass; default `Config`) from a nested dict, checking every
     key and type. `base`: an instance of `cls` whose values are the defaults."""
     return _io.from_dict(raw, Config if cls is None else cls, prefix, base=base)
+
+
+def reference_markdown(cls=None) -> str:
+    """Every key of the config schema as a Markdown table (key, default, allowed values,
+    meaning), sections in order, every registered attention's section included: the
+    documentation's config reference is generated from this, never written by hand."""
+    rows = ["| key | default | allowed values | meaning |", "|---|---|---|---|"]
+
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    def walk(section, prefix):
+        for k in keys(section).values():
+            if k.is_section:
+                rows.append(f"| **`{prefix}{k.name}`** | | | {cell(k.help)} |")
+                walk(k.type if isinstance(k.default, type) else k.default,
+                     prefix + k.name + ".")
+            else:
+                choices = ", ".join(f"`{c}`" for c in k.choices) if k.choices else ""
+                rows.append(f"| `{prefix}{k.name}` | `{k.default!r}` | {cell(choices)} | "
+                            f"{cell(k.help)} |")
+
+    walk(Config if cls is None else cls, "")
+    return "\n".join(rows) + "\n"
 
 
 def describe(cls=None, prefix: str = "") -> str:

@@ -53,5 +53,23 @@ from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Res
                     TimeSteps)
 from ._transformer import MeanPool, NoPool, SequencePool
 
-__all__ = sorted(n for n in dir() if not n.startswith("_") and n[0].isupper()) + [
-    "choice", "choice_names", "register_choice"]
+# written out (not computed) so that documentation tools read it without importing
+__all__ = [
+    "AdaptiveTAPOnsager", "AttractorConstraint", "AttractorObjective", "BanzhafGate",
+    "BlockNorm", "BoltzmannInference", "BoltzmannMode", "BoltzmannSampler", "Carried",
+    "Choice", "ConvEmbedding", "DQA", "EnergyH", "EnergyHJ", "EnergyHJK", "EnergyHK",
+    "EnergyJ", "EnergyJK", "EnergyK", "EnergyObjective", "ExactInference", "ExactValues",
+    "ExplicitSiteCouplings", "ExplicitSpinCouplings", "FreeEnergyCouplings", "GameEstimator",
+    "GameValueFn", "Gibbs", "GlobalNorm", "HopfieldMemories", "HopfieldMode", "IdentityNorm",
+    "ImageEmbedding", "ImplicitCouplings", "InputCouplings", "Learned", "LearnedGate",
+    "MLPOnsager", "Magnetization", "MeanFieldInference", "MeanFieldUpdate", "MeanPool",
+    "MonteCarloValues", "NaiveOnsager", "NeuroGameGate", "NeuroGameMode", "NoNormalization",
+    "NoPool", "NormalizeByPlayers", "NormalizeBySum", "OneStep", "OnsagerTerm",
+    "OutputNormalization", "PairClsPool", "PairMeanPool", "PairNGTPool", "PairPool",
+    "PaperValues", "ParallelTempering", "PatchEmbedding", "PooledGame",
+    "PseudoLikelihoodObjective", "QueryGames", "ReluMemories", "ReluNorm", "Reset", "Response",
+    "Retrieval", "SequencePool", "ShapleyGate", "SoftmaxBaseline", "SoftmaxCouplings",
+    "SoftmaxMemories", "SpinInit", "SpinMode", "SpinOutput", "SpinUpdate", "SteadyState",
+    "TAPInference", "TAPUpdate", "TanhNorm", "TimeSteps", "UpdateSteps", "choice",
+    "choice_names", "register_choice",
+]
