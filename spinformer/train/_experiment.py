@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pathlib
 from typing import Optional
@@ -240,7 +241,6 @@ def _diff(a: dict, b: dict, prefix="") -> list[str]:
 # Keys that may change on --resume, each with everything under it: how progress is shown,
 # the description, the device mesh (a run may continue on another number of devices), and the
 # number of steps (a run continued further; checked against its checkpoints).
-# train.steps: a run may be continued to more steps (checked against its checkpoints)
 _RESUMABLE_CHANGES = ("train.progress", "description", "train.mesh", "train.steps")
 
 
@@ -406,8 +406,6 @@ def _write_errors_named(out: pathlib.Path):
 def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
     """The saved summary of a run in `out` that has nothing left to do for `cfg` (it reached
     `train.steps` or stopped early), marked `"nothing_to_do": True`; None otherwise."""
-    import json
-
     path = out / "summary.json"
     if not path.exists():
         return None
@@ -427,14 +425,13 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     another run, and it must be writable. The resolved config is saved as
     `out_dir/config.yaml`. With `resume=True` the saved config must match `cfg` (apart from
     `train.progress`, `description`, `train.mesh` and a larger `train.steps`), and training
-    continues from the newest
-    intact checkpoint; a run that is already finished (its `summary.json` reached
-    `train.steps`, or it stopped early) is not touched, and its summary is returned with
-    `"nothing_to_do": True`. Resuming with a larger `train.steps` continues a finished run
-    (the learning-rate schedule is then the longer run's: its cosine decay is stretched to
-    the new length, so the rate steps up where the run resumes). A write that fails during
-    training (a full disk) is a `RunDirError`
-    naming the directory and the checkpoint to resume from.
+    continues from the newest intact checkpoint; a run that is already finished (its
+    `summary.json` reached `train.steps`, or it stopped early) is not touched, and its summary
+    is returned with `"nothing_to_do": True`. Resuming with a larger `train.steps` continues
+    a finished run (the learning-rate schedule is then the longer run's: its cosine decay is
+    stretched to the new length, so the rate steps up where the run resumes). A write that
+    fails during training (a full disk) is a `RunDirError` naming the directory and the
+    checkpoint to resume from.
     """
     out = pathlib.Path(out_dir)
     saved = out / "config.yaml"
