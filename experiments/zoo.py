@@ -711,8 +711,8 @@ def _task_table(grid, task, fams, stats) -> list[str]:
     for f in fams:
         s = stats[task, f]
         if s["reason"] or s["n"] == 0:
-            lines.append(f"| {s['label']} | {_cell_text(grid, task, s)} |" + " |" * (
-                head.count("|") - 3))
+            text = "— (not run; why: below)" if s["reason"] else _cell_text(grid, task, s)
+            lines.append(f"| {s['label']} | {text} |" + " |" * (head.count("|") - 3))
             continue
 
         def num(x, fmt):
