@@ -197,7 +197,7 @@ def test_readme_python_blocks_run_as_written(tmp_path):
     the repository root, so that what a block registers stays there)."""
     text = (ROOT / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
-    assert len(blocks) >= 2
+    assert len(blocks) >= 1
     for i, code in enumerate(blocks):
         script = tmp_path / f"block{i}.py"
         script.write_text(code)

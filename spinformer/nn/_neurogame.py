@@ -33,8 +33,9 @@ interactions (|J_ij| up to ~1) at γ = 0.25 the mean field is strongly coupled: 
 update converges slowly (δ = 0.7 contracts by at most 0.7 per step, so it alone needs ~26
 steps to gain 1e-4), and Anderson and Broyden fail more often than plain Picard iteration.
 The default is therefore `Picard(tol=1e-4, max_steps=100)`; non-converged solves are
-reported (`solver_failures`), never hidden. The measurements behind this choice are in the
-README's NeuroGame section and `experiments/results/ngt/`.
+reported (`solver_failures`), never hidden. The measurements behind this choice are in
+the NeuroGame page of the documentation (`docs/families/neurogame.md`) and
+`experiments/results/ngt/`.
 
 **Adjoint (default: implicit).** Gradients flow by implicit differentiation at the fixed
 point, the adjoint system solved by Anderson on the Richardson map (`solvers.Implicit`'s
@@ -44,7 +45,8 @@ mean field did not converge has no fixed point to differentiate: it passes no gr
 through ⟨s⟩ (its α is used as computed in the forward pass, and it is counted in
 `solver_failures`) instead of making the whole batch's gradient NaN. The adjoint tolerance
 is the forward's: a tighter one is below what float32 round-off lets some games' backward
-solves reach. (GMRES on the same systems failed where Anderson succeeded; see the README.)
+solves reach. (GMRES on the same systems failed where Anderson succeeded; see
+`docs/families/neurogame.md`.)
 
 **Normalisation of α (this project's choice).** The paper's output Σ_i α_i V_i is not
 normalised: Σ_i α_i is the expected number of active tokens (its eq. 14), so the output
