@@ -2,9 +2,27 @@
 
 - `<!-- config-reference -->` in a page becomes every config key (`spinformer.config
   .reference_markdown()`: key, default, allowed values, meaning).
+- The notebooks of `notebooks/` become pages `notebooks/<name>/` (rendered with their
+  committed outputs by mkdocs-jupyter; nothing is executed), without copying them into
+  `docs/`.
 """
 
 from __future__ import annotations
+
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+    from mkdocs_jupyter.plugin import NotebookFile  # (its own on_files ran before this hook)
+
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        file = File(f"notebooks/{nb.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"])
+        files.append(NotebookFile(file, **config))
+    return files
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -72,3 +72,14 @@ def test_docs_python_blocks_run(tmp_path):
             proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                                   text=True, timeout=600)
             assert proc.returncode == 0, f"{page.name} block {i}:\n{proc.stderr[-3000:]}"
+
+
+def test_notebooks_rendered_with_their_figures(site):
+    """Every notebook is a page of the site, with every figure of its committed outputs."""
+    import json
+
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        html = (site / "notebooks" / nb.stem / "index.html").read_text()
+        cells = json.loads(nb.read_text())["cells"]
+        pngs = sum("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))
+        assert html.count("data:image/png") >= pngs > 0, nb.name
