@@ -78,6 +78,66 @@ def default_out_dir(config_path: pathlib.Path, resume: bool) -> pathlib.Path:
     raise RuntimeError(f"too many runs under {base.parent}; pass --out.")  # pragma: no cover
 
 
+class _SignalEcho:
+    """While active (the command line's `run`), acknowledge SIGINT/SIGTERM at once, even while
+    the main thread is inside a long call that Python cannot interrupt (XLA compiling the
+    first step): the C-level handler writes each signal to a pipe (`signal.set_wakeup_fd`),
+    and a thread prints a line for the first; a second one ends the process at once (exit
+    128 + signal; checkpoints are written atomically, so those on disk are intact). The
+    Python-level handling (a checkpoint after the step in flight) is unchanged."""
+
+    def __enter__(self):
+        import os
+        import threading
+
+        self.old_fd = None
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self.read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        try:
+            self.old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:
+            return self
+        self.write_fd = write_fd
+        threading.Thread(target=self._echo, daemon=True).start()
+        return self
+
+    def _echo(self):
+        import os
+
+        seen = 0
+        while True:
+            try:
+                data = os.read(self.read_fd, 64)
+            except OSError:
+                data = b""
+            if not data:
+                os.close(self.read_fd)
+                return
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM):
+                    continue
+                seen += 1
+                name = signal.Signals(signum).name
+                if seen == 1:
+                    print(f"spinformer: {name} received: stopping after the step in flight "
+                          "(the first step may still be compiling) and writing a checkpoint; "
+                          "send it again to stop at once.", file=sys.stderr, flush=True)
+                else:
+                    print(f"spinformer: {name} again: stopping now (checkpoints already on "
+                          "disk are intact).", file=sys.stderr, flush=True)
+                    os._exit(128 + signum)
+
+    def __exit__(self, *exc):
+        import os
+
+        if self.old_fd is not None:
+            signal.set_wakeup_fd(self.old_fd)
+            os.close(self.write_fd)  # the thread's read returns empty and it ends
+        return False
+
+
 def _cmd_run(args) -> int:
     from .config import load_config
     from .train import (TrainingInterrupted, initialize_distributed, is_writer, run,
@@ -101,8 +161,9 @@ def _cmd_run(args) -> int:
     if is_writer():
         print(f"spinformer: {path} -> {out}", file=sys.stderr)
     try:
-        summary = run(cfg, out, resume=args.resume,
-                      progress=False if args.no_progress else None)
+        with _SignalEcho():
+            summary = run(cfg, out, resume=args.resume,
+                          progress=False if args.no_progress else None)
     except TrainingInterrupted as e:
         again = " ".join(["spinformer", "run", args.config, "--out", str(out), "--resume"])
         print(f"spinformer: stopped by {signal.Signals(e.signum).name} at step {e.step}: "
