@@ -6,6 +6,7 @@ trainer, one data pipeline and one budget per task, in one table.
     python experiments/zoo.py report               # tables + figures from what is finished
     python experiments/zoo.py all --quick          # the quick grid (configs/zoo/quick.yaml)
     python experiments/zoo.py plan                 # what would run, and why cells are empty
+    python experiments/zoo.py cost --tasks chars   # time per training step of each cell
 
 The grid file (`--config`, default `configs/zoo/full.yaml`; `--quick`: `configs/zoo/quick.yaml`)
 names the tasks (a base config, changes, the metric and the split it is measured on), the
@@ -46,6 +47,7 @@ process is taken over).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -57,7 +59,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import yaml
@@ -526,6 +528,56 @@ def cmd_plan(args) -> None:
               f"{failed} failed")
 
 
+def cmd_cost(args) -> None:
+    """Per live cell: the training step's compile time and time per step (3 steps after the
+    compile, the first learning-rate candidate), its ratio to softmax's on the same task, and
+    the estimated time of one run and of the cell; written to `<runs>/step_cost.json`. For
+    deciding, before the grid spends it, which cells a budget affords (a cell too costly gets
+    a `skip` reason in the grid with these numbers)."""
+    import jax
+
+    grid = _grid(args)
+    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    runs = pathlib.Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / "step_cost.json"
+    costs = json.loads(path.read_text()) if path.exists() else {}
+    per_cell = len(grid["lr_factors"]) + len(grid["seeds"]) - 1
+    for (task, fam), cell in cells.items():
+        if cell.reason:
+            continue
+        key = f"{task}/{fam}"
+        if key not in costs:
+            cfg = with_lr(base_config(grid, task, fam, cell.changes), grid["lr_factors"][0],
+                          grid["seeds"][0])
+            dataset = _dataset(cfg, task)
+            model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
+            opt = sf.train.build_optimizer(cfg)
+            state = sf.train.RunState.init(model, opt)
+            step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
+                                     precision=cfg.train.precision,
+                                     objective=sf.train.build_objective(cfg))
+            batch = {k: jax.numpy.asarray(v) for k, v in dataset.batch(0, "train").items()}
+            t0 = time.perf_counter()
+            state, m = step(state, batch, jax.random.key(0))
+            jax.block_until_ready(m)
+            compile_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i in range(3):
+                state, m = step(state, batch, jax.random.key(i + 1))
+                jax.block_until_ready(m)
+            costs[key] = {"compile_s": compile_s, "step_s": (time.perf_counter() - t0) / 3,
+                          "steps": cfg.train.steps}
+            path.write_text(json.dumps(costs, indent=2))
+        c = costs[key]
+        ref = costs.get(f"{task}/{REFERENCE}")
+        ratio = c["step_s"] / ref["step_s"] if ref else math.nan
+        run_min = (c["compile_s"] + c["step_s"] * c["steps"]) / 60
+        print(f"{task:14s} {fam:20s} compile {c['compile_s']:6.1f} s, step "
+              f"{1e3 * c['step_s']:8.1f} ms (x{ratio:.1f} softmax): a run ~{run_min:.1f} min, "
+              f"the cell ~{per_cell * run_min:.0f} min", flush=True)
+
+
 # ------------------------------------------------------------------------------ the report
 
 def collect(grid, runs: pathlib.Path, cells) -> dict:
@@ -649,7 +701,7 @@ def cmd_report(args) -> None:
     tasks, fams = grid["_tasks"], grid["_families"]
     unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
             "mse": "MSE per pixel"}
-    lines = [f"# The attention zoo", "", grid.get("description", ""), "",
+    lines = ["# The attention zoo", "", grid.get("description", ""), "",
              f"Grid `{_rel(args.config)}`; seeds {grid['seeds']}; learning rate: the task's "
              f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
              "loss; parameters matched to softmax's where the family's knob allows (see each "
@@ -822,7 +874,8 @@ def _grid(args) -> dict:
 
 
 def main(argv=None) -> None:
-    p = make_parser(__doc__, runs=None, results=None, commands=("run", "report", "plan"))
+    p = make_parser(__doc__, runs=None, results=None,
+                    commands=("run", "report", "plan", "cost"))
     p.add_argument("--config", default=None,
                    help="the grid file (default configs/zoo/full.yaml)")
     p.add_argument("--quick", action="store_true",
@@ -832,7 +885,7 @@ def main(argv=None) -> None:
                    help="comma-separated families (default: all; softmax is always added)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes sharing the runs directory (one thread each)")
-    p.add_argument("--worker", action="store_true", help=argparse_hidden())
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # (--workers' own)
     p.add_argument("--retry-failed", action="store_true",
                    help="train the runs recorded as failed again")
     args = p.parse_args(argv)
@@ -842,16 +895,12 @@ def main(argv=None) -> None:
     args.runs = args.runs or str(ROOT / "runs" / name)
     args.results = args.results or str(ROOT / "experiments" / "results" / name)
     try:
+        if args.command == "cost":  # not part of `all`
+            return cmd_cost(args)
         dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)
     except sf.train.TrainingInterrupted as e:  # the run saved a checkpoint; a rerun resumes
         print(f"zoo: stopped by {e}", file=sys.stderr)
         raise SystemExit(128 + e.signum) from None
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

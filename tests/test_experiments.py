@@ -228,6 +228,11 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")}
     zoo.main(["run", *args])
     assert {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")} == before
+    # the step-cost probe of every live cell, kept for the next call
+    zoo.main(["cost", *args])
+    costs = json.loads((runs / "step_cost.json").read_text())
+    assert set(costs) == {"brackets/softmax", "brackets/hopfield"}
+    assert all(c["step_s"] > 0 and c["compile_s"] > 0 for c in costs.values())
 
 
 def test_zoo_locks(tmp_path):
