@@ -192,20 +192,6 @@ def test_report_watches_an_unfinished_run(tmp_path, capsys, monkeypatch):
     assert f"wrote {d / 'report.md'}" in captured.err and (d / "report.md").exists()
 
 
-def test_readme_python_blocks_run_as_written(tmp_path):
-    """Every ```python block of the README runs as written (each in a fresh interpreter from
-    the repository root, so that what a block registers stays there)."""
-    text = (ROOT / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
-    assert len(blocks) >= 1
-    for i, code in enumerate(blocks):
-        script = tmp_path / f"block{i}.py"
-        script.write_text(code)
-        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, f"README python block {i}:\n{code}\n{proc.stderr[-3000:]}"
-
-
 def test_own_attention_from_the_command_line(tmp_path):
     """`--import my_attention.py` registers the user's attention before the config is read:
     `model.attention` may then name it, and the run trains with it."""

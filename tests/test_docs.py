@@ -62,9 +62,12 @@ def test_options_all_is_every_option():
     assert set(options.__all__) == public | {"choice", "choice_names", "register_choice"}
 
 
-def test_docs_python_blocks_run(tmp_path):
-    """Every ```python block of every page runs as written, each in a fresh interpreter."""
-    for page in sorted((ROOT / "docs").rglob("*.md")):
+def test_python_blocks_of_the_readme_and_the_docs_run(tmp_path):
+    """Every ```python block of the README and of every page runs as written, each in a fresh
+    interpreter from the repository root (so that what a block registers stays there)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    assert "```python" in pages[0].read_text()
+    for page in pages:
         for i, code in enumerate(b.split("```", 1)[0]
                                  for b in page.read_text().split("```python\n")[1:]):
             script = tmp_path / f"{page.stem}_{i}.py"
