@@ -688,6 +688,8 @@ def _cell_text(grid, task, s, *, short=False) -> str:
     if g is not None and short:
         star = "*" if s["gap_n"] > 1 and abs(g[0]) > g[1] else ""
         text += f" ({g[0]:+.1f}{star})"
+    if s["n"] < len(grid["seeds"]):  # a cell still filling up
+        text += f" [{s['n']} of {len(grid['seeds'])} seeds]"
     return text
 
 
@@ -825,6 +827,8 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
                 sig = s["gap_n"] > 1 and abs(g[0]) > g[1]
                 txt = f"{g[0]:+.1f}" + (f"\n±{g[1]:.1f}" if s["gap_n"] > 1 else "") + \
                     ("*" if sig else "")
+                if s["gap_n"] < len(grid["seeds"]):
+                    txt += f"\n({s['gap_n']} of {len(grid['seeds'])} seeds)"
             ax.text(j, i, txt, ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(tasks)), [grid["tasks"][t].get("label", t) for t in tasks],
                   rotation=20, ha="right", fontsize=8)
