@@ -47,3 +47,14 @@ def chosen(names: Optional[str], known: Iterable[str], default: Iterable[str]) -
         if name not in known:
             raise SystemExit(f"unknown variant {name!r}; choose from {known}")
     return picked
+
+
+def failure_message(e: BaseException) -> str:
+    """The one line of an exception that says what failed: a solver's own line
+    (`fixed_point: ...`, `root_find: ...`, without JAX's wrapper prefix) where there is one,
+    else the first line of the message (the type's name for an empty one). What the sweeps
+    record in a failed run's `failed.json` and print."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
+               lines[0] if lines else type(e).__name__)
+    return msg.split("EquinoxRuntimeError: ")[-1]

@@ -42,7 +42,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import chosen, dispatch, make_parser  # noqa: E402
+from _cli import chosen, dispatch, failure_message, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -137,10 +137,7 @@ def cmd_run(args):
             summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists())
         except Exception as e:  # a solver that raised (throw=True) ends this run, not the sweep
             last = _last_step(out)
-            lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-            msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
-                       lines[-1] if lines else type(e).__name__)
-            msg = msg.split("EquinoxRuntimeError: ")[-1]
+            msg = failure_message(e)
             (out / "failed.json").write_text(json.dumps(
                 {"error": type(e).__name__, "message": msg, "last_logged_step": last}, indent=2))
             print(f"{variant} seed {seed}: FAILED after step {last}: {msg}", flush=True)

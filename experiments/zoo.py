@@ -67,7 +67,7 @@ import yaml
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import ROOT, chosen, dispatch, make_parser  # noqa: E402
+from _cli import ROOT, chosen, dispatch, failure_message, make_parser  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
@@ -215,7 +215,7 @@ def plan_cells(grid, tasks, families) -> dict[tuple[str, str], Cell]:
                 cfg = base_config(grid, task, fam)
                 params = _count(cfg, dataset)
             except (sf.config.ConfigError, ValueError) as e:
-                cells[task, fam] = Cell(task, fam, label, reason=_one_line(e))
+                cells[task, fam] = Cell(task, fam, label, reason=failure_message(e))
                 continue
             cell = Cell(task, fam, label, params=params)
             knob = grid["families"][fam].get("match")
@@ -252,11 +252,6 @@ def _match(cfg, dataset, knob: str, target: int):
     if k == lo and a + lo * b > 1.02 * target:
         note += f" (larger than softmax even at {lo}: {(a + lo * b) / target:.2f}×)"
     return {knob: k}, params, note
-
-
-def _one_line(e: BaseException) -> str:
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 # ------------------------------------------------------------------------------ the runs
@@ -403,10 +398,7 @@ def _mean_of(records, key):
 
 def _failure(out: pathlib.Path, e: BaseException) -> dict:
     records = _train_records(out)
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
-               lines[0] if lines else type(e).__name__).split("EquinoxRuntimeError: ")[-1]
-    info = {"error": type(e).__name__, "message": msg[:500],
+    info = {"error": type(e).__name__, "message": failure_message(e)[:500],
             "last_logged_step": records[-1]["step"] if records else None,
             "traceback": traceback.format_exc()[-3000:]}
     out.mkdir(parents=True, exist_ok=True)
