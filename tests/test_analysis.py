@@ -118,7 +118,8 @@ def test_model_analysis_per_layer(getkey):
     # the rebuilt attention inputs give back the model's own steady states, layer by layer
     np.testing.assert_allclose(fp.magnetizations, diag.magnetizations, atol=1e-5)
     np.testing.assert_array_equal(fp.solver.num_steps, diag.solver.num_steps)
-    np.testing.assert_allclose(a.entropy_production, diag.entropy_production)
+    # float32, two programs (XLA may round them differently)
+    np.testing.assert_allclose(a.entropy_production, diag.entropy_production, rtol=1e-5)
     assert a.solver_failures.shape == (2,) and list(a.num_solves) == [2, 2]
     assert np.all(np.asarray(a.entropy_production) >= 0)  # causal couplings: σ ≥ 0
     # softmax attention solves nothing: nothing applies, nothing fails

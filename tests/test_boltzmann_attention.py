@@ -289,6 +289,23 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
     assert errs["mean_field"] > 1e-3, errs  # the comparison is not between two zeros
 
 
+def test_a_failed_mean_field_solve_is_reported_by_default_and_raises_on_request(getkey):
+    """The default `throw=False` (as the other fixed-point attentions) returns a finite
+    output and marks the failed solves in the solver statistics; `throw=True` raises."""
+    k = getkey()
+    budget = dict(inference="mean_field", init_scale=3.0,
+                  solver=solvers.Picard(tol=1e-9, max_steps=2))
+    x = _normal(40, L, D)
+    quiet = _bm(key=k, **budget)
+    y, diag = eqx.filter_jit(lambda a: a(x, return_diagnostics=True))(quiet)
+    assert np.all(np.isfinite(np.asarray(y)))
+    failed = np.asarray(diag.solver.result) != solvers.RESULTS.successful
+    assert failed.any(), "two Picard steps at init_scale 3 should not converge"
+    loud = _bm(key=k, throw=True, **budget)
+    with pytest.raises(Exception, match="(?i)max|steps|converge"):
+        jax.block_until_ready(eqx.filter_jit(lambda a: a(x))(loud))
+
+
 # ----------------------------------------------------------------------------- 4. samplers
 
 

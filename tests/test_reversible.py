@@ -120,16 +120,18 @@ def test_rounding_errors_grow_as_documented(x64):
     grad = jax.jit(jax.grad(loss), static_argnums=(1, 2))
     p = (jnp.asarray(lam), b)
     errs = {}
-    for steps in (4, 16):
+    # 8 and 20 steps: far enough above the rounding unit that the ratio measures the growth
+    # (after 4 steps the error is one rounding or none, depending on how XLA compiled)
+    for steps in (8, 20):
         g_rev = grad(p, S.ReversibleAdjoint(), steps)
         g_unr = grad(p, S.Unrolled(), steps)
         errs[steps] = _rel(g_rev[0], g_unr[0])
         assert _rel(g_rev[1], g_unr[1]) < 1e-14
-    assert errs[4] < 1e-13
+    assert errs[8] < 1e-11
     tr = 2 * (1 - beta) + beta**2 * lam**2
     mu = (tr + np.sqrt(tr**2 - 4 * (1 - beta) ** 2)) / 2
     kappa = mu**2 / (1 - beta) ** 2  # 3.5 here
-    rate = (errs[16] / errs[4]) ** (1 / 12)
+    rate = (errs[20] / errs[8]) ** (1 / 12)  # measured 3.3-3.4
     assert kappa / 3 < rate < 3 * kappa, (rate, kappa, errs)
 
 

@@ -27,7 +27,8 @@ WORKER = pathlib.Path(__file__).with_name("sharding_worker.py")
 
 def _env(devices: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                         f"--xla_force_host_platform_device_count={devices}".strip())
     env["PYTHONPATH"] = os.pathsep.join(
         [str(WORKER.parents[1]), *filter(None, [env.get("PYTHONPATH")])])
     return env
