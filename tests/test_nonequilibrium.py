@@ -13,6 +13,9 @@ import scipy.stats
 
 from spinformer.spins import samplers, vector
 
+# long Monte Carlo chains: optimised code saves more than its compile costs
+pytestmark = pytest.mark.usefixtures("optimized_compiles")
+
 # ----------------------------------------------------------------------------- sampler
 
 VMF_DIMS = (2, 3, 8, 16)
