@@ -30,16 +30,6 @@ D, H, L = 8, 2, 6  # model width, heads (d_k = 4), max_len of most modules
 SPIN_MODES = ("hJ", "h", "J", "hK", "hJK", "JK", "K")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-    """XLA's optimisation passes dominate the run time of these small programs (2-3x);
-    skip them in this module."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
-
-
 def _bm(mode="hJ", *, key, causal=False, max_len=L, init_scale=0.5, **kw):
     return nn.BoltzmannAttention(D, H, causal, max_len=max_len, mode=mode,
                                  init_scale=init_scale, key=key, **kw)

@@ -544,7 +544,7 @@ def test_python_scalar_args_are_differentiable(adjoint):
     # closure-converted map must accept (it used to raise "different dynamic arguments").
     fn = lambda x, a: jnp.tanh(0.5 * x + a)
     solve = lambda a: S.fixed_point(fn, jnp.zeros(3), a, adjoint=adjoint).value.sum()
-    # jitted: op by op, the loops' pieces compile one by one (12 s instead of 2 for Unrolled)
+    # jitted: op by op, the loops' pieces compile one by one (Unrolled: 12 s eagerly, 7.6 s jitted)
     g = jax.jit(jax.grad(solve))(1.0)
     m = float(S.fixed_point(fn, jnp.zeros(3), 1.0).value[0])
     exact = 3 * (1 - m**2) / (1 - 0.5 * (1 - m**2))  # implicit function theorem, per entry
