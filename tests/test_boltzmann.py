@@ -98,18 +98,65 @@ def test_gradients_match_finite_differences(x64):
 
 
 @pytest.mark.parametrize("Q", [8, 5, 11])
-def test_small_chunks_exercise_levels(monkeypatch, x64, Q):
-    """With chunks of 2^4 configurations, T = 8 goes through every level and level group of
-    the causal enumeration (partially and fully masked chunks), values and gradients."""
-    monkeypatch.setattr(_boltzmann, "_CHUNK_BITS", 4)
+def test_small_tables_exercise_tiers_and_blocks(monkeypatch, x64, Q):
+    """With tables of at most 2^4 rows in tiers of 2 bits and blocks of 2 columns, T = 8
+    goes through every path of the layout: causal queries below the smallest tier (masked
+    rows), several tiers, several columns per query, padded blocks under `lax.map`, queries
+    past T (Q = 11), three-body couplings (Q = 8); values, and gradients."""
+    monkeypatch.setattr(_boltzmann, "_ROW_BITS", 4)
+    monkeypatch.setattr(_boltzmann, "_TIER_STEP", 2)
+    monkeypatch.setattr(_boltzmann, "_BLOCK_ENTRIES", 32)
+    n_vis = np.minimum(np.arange(Q) + 1, 8)
+    plan = _boltzmann._column_plan(n_vis, 8)
+    assert [r for r, *_ in plan] == [2, 4]
+    assert len(plan[0][1]) == 1 + 1 + 2  # n = 1 (masked), 2, 3
+    assert len(plan[1][1]) == sum(2 ** (n - 4) for n in n_vis if n >= 4)
+    assert np.all(plan[0][3] == [2, 4, 4, 4])  # rows: 2^1 for n = 1, then all 2^2
     T = 8
     h, J, K = _problem(Q, Q, T, Q == 8, np.float64)
-    f = jax.jit(lambda h_, J_, K_: boltzmann_marginals(h_, J_, causal=True, K=K_))
-    np.testing.assert_allclose(f(h, J, K), _reference(h, J, True, K), atol=1e-12)
-    if Q == 11:
+    for causal in (True, False):
+        f = jax.jit(lambda h_, J_, K_: boltzmann_marginals(h_, J_, causal=causal, K=K_))
+        np.testing.assert_allclose(f(h, J, K), _reference(h, J, causal, K), atol=1e-12)
+    if Q != 5:
         w = np.random.default_rng(1).normal(size=(Q, T))
-        loss = jax.jit(lambda h_, J_: jnp.sum(w * jnp.sin(f(h_, J_, None))))
-        check_grads(loss, (h, J), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+        loss = jax.jit(lambda h_, J_, K_: jnp.sum(w * jnp.sin(boltzmann_marginals(
+            h_, J_, causal=True, K=K_))))
+        check_grads(loss, (h, J, K), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_vmap_shares_tables_across_the_batch(monkeypatch, x64, causal):
+    """Under vmap with shared couplings the batch's columns go into shared tables (groups of
+    instances, the last one padded); with per-instance couplings it is a plain vmap. Values
+    and gradients (h, J, K) against one call per instance."""
+    monkeypatch.setattr(_boltzmann, "_BLOCK_ENTRIES", 2**9)  # groups of a few instances
+    B, T = 5, 10
+    rng = np.random.default_rng(3)
+    hs = rng.normal(size=(B, T, T))
+    _, J, K = _problem(4, T, T, True, np.float64)
+    Js = np.stack([J * (1 + 0.1 * i) for i in range(B)])
+    w = rng.normal(size=(B, T, T))
+
+    def one(h_, J_, K_):
+        return boltzmann_marginals(h_, J_, causal=causal, K=K_)
+
+    def loss_shared(h_, J_, K_):
+        return jnp.sum(w * jnp.sin(jax.vmap(one, (0, None, None))(h_, J_, K_)))
+
+    def loss_each(h_, J_, K_):
+        return sum(jnp.sum(w[i] * jnp.sin(one(h_[i], J_, K_))) for i in range(B))
+
+    got = jax.jit(jax.vmap(one, (0, None, None)))(hs, J, K)
+    want = np.stack([_reference(hs[i], J, causal, K) for i in range(B)])
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    g_shared = jax.jit(jax.grad(loss_shared, argnums=(0, 1, 2)))(hs, J, K)
+    g_each = jax.jit(jax.grad(loss_each, argnums=(0, 1, 2)))(hs, J, K)
+    for a, b in zip(g_shared, g_each):
+        np.testing.assert_allclose(a, b, atol=1e-11)
+    # per-instance couplings (as heads are): an ordinary vmap, same values
+    got = jax.jit(jax.vmap(lambda h_, J_: one(h_, J_, None)))(hs, Js)
+    for i in range(B):
+        np.testing.assert_allclose(got[i], _reference(hs[i], Js[i], causal), atol=1e-12)
 
 
 def _twenty():
