@@ -281,7 +281,7 @@ def _tier(r, qidx, b, lim, h_eff, J, K_sym, M, dt):
     pairs = None
     if K_sym is not None:
         # ⅙ Σ Ks sss = ⅙ RRR + ½ RRH + ½ RHH + ⅙ HHH (Ks symmetric, zero on repeated indices)
-        K_RRR, K_RRH = K_sym[:r, :r, :r], K_sym[:r, :r, r:]
+        K_RRR = K_sym[:r, :r, :r]  # the RRH part goes into the per-block pair term
         K_RHH, K_HHH = K_sym[:r, r:, r:], K_sym[r:, r:, r:]
         base = base + jnp.einsum("jkl,aj,ak,al->a", K_RRR, S_R, S_R, S_R,
                                  precision=HIGHEST) / 6.0
