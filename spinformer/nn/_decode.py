@@ -42,19 +42,23 @@ class DecodeState(eqx.Module):
 
     **Fields:**
 
-    - `caches`: every block's attention cache, stacked over layers (leading axis `depth`).
+    - `caches`: a tuple with every block's attention cache (one per layer, in order).
     - `pos`: int32 scalar, the number of tokens in the cache (the next token's position).
     """
 
-    caches: Any
+    caches: tuple
     pos: Int[Array, ""]
 
     @property
     def failures(self) -> Array:
         """The number of fixed-point solves that did not converge so far (0 for attentions
         that solve nothing)."""
-        f = self.caches.get("failures") if isinstance(self.caches, dict) else None
-        return jnp.zeros((), jnp.int32) if f is None else jnp.sum(f)
+        total = jnp.zeros((), jnp.int32)
+        for cache in self.caches:
+            f = cache.get("failures") if isinstance(cache, dict) else None
+            if f is not None:
+                total = total + jnp.sum(f)
+        return total
 
 
 def _transformer(model) -> Transformer:
@@ -94,8 +98,7 @@ def decode_init(model, max_len: Optional[int] = None) -> DecodeState:
                          "decode); generate with incremental=False (--no-cache), which "
                          "re-solves the context at every step.")
     one = attn.decode_init(L, tr.pos_embed.dtype)
-    caches = jax.tree.map(lambda a: jnp.broadcast_to(a, (tr.depth, *a.shape)), one)
-    return DecodeState(caches, jnp.zeros((), jnp.int32))
+    return DecodeState((one,) * tr.depth, jnp.zeros((), jnp.int32))
 
 
 def _block_decode(block, x, cache, pos):
@@ -106,16 +109,31 @@ def _block_decode(block, x, cache, pos):
     return x, cache
 
 
-def _hidden_step(tr: Transformer, state: DecodeState, token):
+def _blocks(model) -> tuple:
+    """The model's blocks as separate modules (parameters sliced from the stack once)."""
+    tr = _transformer(model)
+    return tuple(tr.block(i) for i in range(tr.depth))
+
+
+def _step(model, blocks: Optional[tuple], state: DecodeState, token):
+    """`decode_step` with the blocks already split (`_blocks`), or split here when None.
+
+    The layers run as straight-line code (a Python loop over the blocks, each with its own
+    cache), not as a `lax.scan` over the stacked parameters: one token's work is a few
+    small products per layer, and on a GPU a loop step, its slices of the stacked
+    parameters and caches cost more launches than the layer itself."""
+    tr = _transformer(model)
+    if blocks is None:
+        blocks = _blocks(model)
     x = tr.embed(token) + tr.pos_embed[state.pos]
-    dynamic, static = eqx.partition(tr.blocks, eqx.is_array)
-
-    def layer(h, xs):
-        params, cache = xs
-        return _block_decode(eqx.combine(params, static), h, cache, state.pos)
-
-    x, caches = jax.lax.scan(layer, x, (dynamic, state.caches))
-    return tr.norm(x), DecodeState(caches, state.pos + 1)
+    caches = []
+    for block, cache in zip(blocks, state.caches):
+        x, cache = _block_decode(block, x, cache, state.pos)
+        caches.append(cache)
+    h, state = tr.norm(x), DecodeState(tuple(caches), state.pos + 1)
+    if isinstance(model, SequenceModel):
+        return model.readout(h), state
+    return h, state
 
 
 def decode_step(model, state: DecodeState, token: Int[Array, ""]
@@ -126,11 +144,7 @@ def decode_step(model, state: DecodeState, token: Int[Array, ""]
     The position is `state.pos`; it must stay below the cache length (not checked inside
     compiled code: positions past the cache are clipped by JAX's indexing, so the caller
     keeps the window — `generate` does)."""
-    tr = _transformer(model)
-    h, state = _hidden_step(tr, state, token)
-    if isinstance(model, SequenceModel):
-        return model.readout(h), state
-    return h, state
+    return _step(model, None, state, token)
 
 
 def decode_sequence(model, tokens: Int[Array, " n"], state: Optional[DecodeState] = None
@@ -142,7 +156,8 @@ def decode_sequence(model, tokens: Int[Array, " n"], state: Optional[DecodeState
     if tokens.shape[0] > _max_len(model):
         raise ValueError(f"{tokens.shape[0]} tokens exceed the model's max_len="
                          f"{_max_len(model)}.")
-    out_state, logits = jax.lax.scan(lambda s, t: decode_step(model, s, t)[::-1], state,
+    blocks = _blocks(model)
+    out_state, logits = jax.lax.scan(lambda s, t: _step(model, blocks, s, t)[::-1], state,
                                      tokens)
     return logits, out_state
 
@@ -152,12 +167,16 @@ def prefill(model, tokens: Int[Array, " L"], length: Int[Array, ""]
     """Encode the first `length` entries of `tokens` (padded to a fixed size, so one
     compilation serves every prompt length) into a fresh state: `(the last position's
     output, state)`. `length` must be ≥ 1."""
+    return _prefill(model, _blocks(model), tokens, length)
+
+
+def _prefill(model, blocks, tokens, length):
     state = decode_init(model, tokens.shape[0])
-    out = jax.eval_shape(lambda: decode_step(model, state, tokens[0])[0])
+    out = jax.eval_shape(lambda: _step(model, blocks, state, tokens[0])[0])
 
     def body(i, carry):
         _, s = carry
-        return decode_step(model, s, tokens[i])
+        return _step(model, blocks, s, tokens[i])
 
     return jax.lax.fori_loop(0, length, body, (jnp.zeros(out.shape, out.dtype), state))
 
@@ -172,16 +191,17 @@ def window_start(n: int, start: int, max_len: int) -> int:
 
 
 class _Carry(eqx.Module):
-    """The generation loop's state: the token buffer (prompt, generated tokens, then
-    `max_len` of padding), how many tokens it holds, the window start, the decoding state
-    (None when re-solving), the next token's logits, window restarts and solver failures of
-    the states already dropped."""
+    """The generation loop's state for a batch of B sequences that share their length: the
+    token buffers `(B, N)` (prompt, generated tokens, then `max_len` of padding), how many
+    tokens each holds, the window start, the decoding states (batched; None when
+    re-solving), the next tokens' logits `(B, C)`, window restarts and the solver failures
+    of the states already dropped."""
 
-    buf: Int[Array, " N"]
+    buf: Int[Array, "B N"]
     n: Int[Array, ""]
     start: Int[Array, ""]
     state: Optional[DecodeState]
-    logits: Float[Array, " c"]
+    logits: Float[Array, "B c"]
     restarts: Int[Array, ""]
     failures: Int[Array, ""]
 
@@ -202,49 +222,66 @@ def _sample(logits, temperature, key):
     return jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
 
 
-@eqx.filter_jit
-def _start(model, buf, n, start, incremental: bool):
+def _encode(model, blocks, buf, n, start, incremental):
+    """The logits after the window `[start, n)` of every row of `buf (B, N)`, and the
+    decoding states (incremental) or None."""
     L = _max_len(model)
+    if not incremental:
+        return jax.vmap(lambda b: _context_logits(model, b, start, n, L))(buf), None
+    return jax.vmap(lambda b: _prefill(model, blocks, _window(b, start, L), n - start))(buf)
+
+
+@eqx.filter_jit
+def _start(model, blocks, buf, n, start, incremental: bool):
+    logits, state = _encode(model, blocks, buf, n, start, incremental)
     zero = jnp.zeros((), jnp.int32)
-    if incremental:
-        logits, state = prefill(model, _window(buf, start, L), n - start)
-    else:
-        logits, state = _context_logits(model, buf, start, n, L), None
     return _Carry(buf, n, start, state, logits, zero, zero)
 
 
+def _append(c: _Carry, keys, temperature):
+    """Draw each row's next token (row b with `fold_in(keys[b], n)`) and append it."""
+    tok = jax.vmap(lambda lg, k: _sample(lg, temperature, jax.random.fold_in(k, c.n)))(
+        c.logits, keys)
+    return tok, c.buf.at[:, c.n].set(tok), c.n + 1
+
+
 @eqx.filter_jit
-def _generate_chunk(model, carry: _Carry, key, temperature, steps: int, incremental: bool):
-    """`steps` generation steps in one compiled loop (no host round trip per token)."""
+def _generate_chunk(model, blocks, carry: _Carry, keys, temperature, steps, incremental: bool):
+    """`steps` (an int32 scalar, so one compilation serves every count) generation steps in
+    one compiled loop, with no host round trip per token and no branch. Incremental: the
+    caller plans the window so that no restart falls inside the chunk (`generate`), and each
+    step is one `decode_step` per row; re-solving moves the window inside the loop."""
     L = _max_len(model)
     keep = max(1, L // 2)
 
     def body(_, c: _Carry):
-        tok = _sample(c.logits, temperature, jax.random.fold_in(key, c.n))
-        buf = c.buf.at[c.n].set(tok)
-        n = c.n + 1
+        tok, buf, n = _append(c, keys, temperature)
+        if incremental:
+            logits, state = jax.vmap(lambda s, t: _step(model, blocks, s, t))(c.state, tok)
+            return _Carry(buf, n, c.start, state, logits, c.restarts, c.failures)
         restart = n - c.start > L
         start = jnp.where(restart, n - keep, c.start)
-        if incremental:
-            def again(_):
-                logits, state = prefill(model, _window(buf, start, L), n - start)
-                return logits, state, c.failures + c.state.failures
-
-            def step(_):
-                logits, state = decode_step(model, c.state, tok)
-                return logits, state, c.failures
-
-            logits, state, failures = jax.lax.cond(restart, again, step, None)
-        else:
-            logits, state, failures = _context_logits(model, buf, start, n, L), None, c.failures
-        return _Carry(buf, n, start, state, logits, c.restarts + restart, failures)
+        logits, _ = _encode(model, blocks, buf, n, start, incremental)
+        return _Carry(buf, n, start, None, logits, c.restarts + restart, c.failures)
 
     return jax.lax.fori_loop(0, steps, body, carry)
 
 
+@eqx.filter_jit
+def _restart(model, blocks, carry: _Carry, keys, temperature):
+    """One incremental generation step whose token overflows the window: the window
+    restarts at the last `max_len // 2` tokens, which are re-encoded from fresh states."""
+    L = _max_len(model)
+    _, buf, n = _append(carry, keys, temperature)
+    start = n - max(1, L // 2)
+    logits, state = _encode(model, blocks, buf, n, start, True)
+    return _Carry(buf, n, start, state, logits, carry.restarts + 1,
+                  carry.failures + carry.state.failures)
+
+
 def generate(
     model,
-    prompt: Int[Array, " p"],
+    prompt: Int[Array, "*b p"],
     *,
     length: int,
     temperature: float = 1.0,
@@ -252,43 +289,58 @@ def generate(
     incremental: bool = True,
     progress: bool = False,
     chunk: int = 64,
-) -> tuple[list[int], dict]:
+) -> tuple[list, dict]:
     """Sample `length` tokens after `prompt` from a causal language model.
 
     **Arguments:**
 
     - `model`: a causal `SequenceModel` (`nn.CausalLM`) in inference mode (no dropout).
-    - `prompt`: token ids `(p,)`, p ≥ 1.
+    - `prompt`: token ids `(p,)`, p ≥ 1, or a batch of prompts of one length `(B, p)`:
+      the B sequences are generated together (one compiled step for all of them; on a GPU
+      a batch costs about as much per step as one sequence).
     - `length`: number of tokens to generate.
     - `temperature`: softmax temperature of the sampling distribution; 0 means greedy
       (argmax).
     - `key`: PRNG key; token t is drawn with `fold_in(key, t)` (t counts prompt and generated
-      tokens), so a key gives the same text in both modes whenever their logits agree.
+      tokens), so a key gives the same text in both modes whenever their logits agree. For
+      a batch, row b uses `jax.random.split(key, B)[b]` in place of `key`.
     - `incremental`: keep per-layer caches and compute only each new position
       (`decode_step`); False re-solves the whole context window at every step.
     - `progress`: a tqdm bar over the generated tokens.
     - `chunk`: tokens generated per compiled loop (between progress updates).
 
-    The context is a window of at most `max_len` tokens (see `window_start`). Sampling, the
-    cache updates and the window restarts all run inside compiled loops of `chunk` steps.
+    The context is a window of at most `max_len` tokens (see `window_start`). Sampling and
+    the cache updates run inside compiled loops of up to `chunk` steps; the window restarts
+    are planned on the host (their positions depend only on the lengths), so a step has no
+    branch, which a batch would turn into computing both sides.
 
-    **Returns:** `(ids, info)`: the generated ids (a list of `length` ints) and
-    `{"solver_failures": fixed-point solves that did not converge (incremental spin
-    attention; 0 otherwise), "restarts": how often the window was restarted}`.
+    **Returns:** `(ids, info)`: the generated ids (a list of `length` ints; for a batch, a
+    list of B such lists) and `{"solver_failures": fixed-point solves that did not converge
+    (incremental spin attention, all rows; 0 otherwise), "restarts": how often the window
+    was restarted}`.
     """
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise ValueError(f"length={length!r} must be an int >= 0.")
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature={temperature} must be a finite number >= 0.")
-    ids = [int(t) for t in jnp.asarray(prompt).reshape(-1)]
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token.")
+    prompts = jnp.asarray(prompt)
+    batched = prompts.ndim == 2
+    if prompts.ndim not in (1, 2):
+        raise ValueError(f"the prompt must be token ids (p,) or a batch of prompts (B, p); "
+                         f"got shape {prompts.shape}.")
+    if prompts.size == 0:
+        raise ValueError(f"the prompt is empty (shape {prompts.shape}); give at least one "
+                         "token (and one prompt).")
+    rows = prompts.reshape(-1, prompts.shape[-1]).astype(jnp.int32)
+    B, n = rows.shape
+    keys = jax.random.split(key, B) if batched else key[None]
     L = _max_len(model)
     if incremental:
         decode_init(model)  # raises early for models without an incremental path
-    buf = jnp.asarray(ids + [0] * (length + L), jnp.int32)
-    n = len(ids)
-    carry = _start(model, buf, jnp.int32(n), jnp.int32(window_start(n, 0, L)), incremental)
+    blocks = _blocks(model) if incremental else None  # split once, outside the loops
+    buf = jnp.concatenate([rows, jnp.zeros((B, length + L), jnp.int32)], axis=1)
+    start = window_start(n, 0, L)
+    carry = _start(model, blocks, buf, jnp.int32(n), jnp.int32(start), incremental)
     temp = jnp.float32(temperature)
     bar = None
     if progress:
@@ -299,7 +351,19 @@ def generate(
         done = 0
         while done < length:
             steps = min(chunk, length - done)
-            carry = _generate_chunk(model, carry, key, temp, steps, incremental)
+            if incremental:
+                # the window is planned here: `free` more tokens fit before it restarts
+                free = L - (n + done - start)
+                if free == 0:
+                    carry = _restart(model, blocks, carry, keys, temp)
+                    done += 1
+                    start = window_start(n + done, start, L)
+                    if bar is not None:
+                        bar.update(1)
+                    continue
+                steps = min(steps, free)
+            carry = _generate_chunk(model, blocks, carry, keys, temp, jnp.int32(steps),
+                                    incremental)
             done += steps
             if bar is not None:
                 jax.block_until_ready(carry.n)
@@ -308,5 +372,6 @@ def generate(
         if bar is not None:
             bar.close()
     failures = carry.failures + (carry.state.failures if carry.state is not None else 0)
-    out = [int(t) for t in carry.buf[n:n + length]]
-    return out, {"solver_failures": int(failures), "restarts": int(carry.restarts)}
+    out = [[int(t) for t in row] for row in jax.device_get(carry.buf[:, n:n + length])]
+    info = {"solver_failures": int(failures), "restarts": int(carry.restarts)}
+    return (out if batched else out[0]), info
