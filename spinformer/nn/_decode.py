@@ -222,13 +222,22 @@ def _sample(logits, temperature, key):
     return jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
 
 
+def _rows(f, *args):
+    """`jax.vmap(f)(*args)` over the batch axis, or for a batch of one `f` on the row
+    itself (a vmap rule such as exact Boltzmann attention's costs more than the row)."""
+    if jax.tree.leaves(args)[0].shape[0] != 1:
+        return jax.vmap(f)(*args)
+    out = f(*jax.tree.map(lambda a: a[0], args))
+    return jax.tree.map(lambda a: a[None], out)
+
+
 def _encode(model, blocks, buf, n, start, incremental):
     """The logits after the window `[start, n)` of every row of `buf (B, N)`, and the
     decoding states (incremental) or None."""
     L = _max_len(model)
     if not incremental:
-        return jax.vmap(lambda b: _context_logits(model, b, start, n, L))(buf), None
-    return jax.vmap(lambda b: _prefill(model, blocks, _window(b, start, L), n - start))(buf)
+        return _rows(lambda b: _context_logits(model, b, start, n, L), buf), None
+    return _rows(lambda b: _prefill(model, blocks, _window(b, start, L), n - start), buf)
 
 
 @eqx.filter_jit
@@ -246,37 +255,53 @@ def _append(c: _Carry, keys, temperature):
 
 
 @eqx.filter_jit
-def _generate_chunk(model, blocks, carry: _Carry, keys, temperature, steps, incremental: bool):
-    """`steps` (an int32 scalar, so one compilation serves every count) generation steps in
-    one compiled loop, with no host round trip per token and no branch. Incremental: the
-    caller plans the window so that no restart falls inside the chunk (`generate`), and each
-    step is one `decode_step` per row; re-solving moves the window inside the loop."""
+def _generate_chunk(model, blocks, carry: _Carry, keys, temperature, lead, segments, count,
+                    incremental: bool):
+    """Generation steps in one compiled program, with no host round trip and no branch per
+    token: `lead` plain steps, then (incremental) for each of the first `count` entries k
+    of `segments` one step whose token overflows the window (the window restarts at the
+    last `max_len // 2` tokens, re-encoded from fresh states) followed by k plain steps.
+    The counts are int32 arrays (`segments` of a fixed size), so one compilation serves
+    every plan; `generate` makes the plan (the restarts depend only on the lengths).
+    Re-solving moves the window inside the loop instead (`segments` unused)."""
     L = _max_len(model)
     keep = max(1, L // 2)
 
     def body(_, c: _Carry):
         tok, buf, n = _append(c, keys, temperature)
         if incremental:
-            logits, state = jax.vmap(lambda s, t: _step(model, blocks, s, t))(c.state, tok)
+            logits, state = _rows(lambda s, t: _step(model, blocks, s, t), c.state, tok)
             return _Carry(buf, n, c.start, state, logits, c.restarts, c.failures)
         restart = n - c.start > L
         start = jnp.where(restart, n - keep, c.start)
         logits, _ = _encode(model, blocks, buf, n, start, incremental)
         return _Carry(buf, n, start, None, logits, c.restarts + restart, c.failures)
 
-    return jax.lax.fori_loop(0, steps, body, carry)
+    carry = jax.lax.fori_loop(0, lead, body, carry)
+    if not incremental:
+        return carry
+
+    def segment(i, c: _Carry):
+        _, buf, n = _append(c, keys, temperature)
+        start = n - keep
+        logits, state = _encode(model, blocks, buf, n, start, True)
+        c = _Carry(buf, n, start, state, logits, c.restarts + 1, c.failures + c.state.failures)
+        return jax.lax.fori_loop(0, segments[i], body, c)
+
+    return jax.lax.fori_loop(0, count, segment, carry)
 
 
-@eqx.filter_jit
-def _restart(model, blocks, carry: _Carry, keys, temperature):
-    """One incremental generation step whose token overflows the window: the window
-    restarts at the last `max_len // 2` tokens, which are re-encoded from fresh states."""
-    L = _max_len(model)
-    _, buf, n = _append(carry, keys, temperature)
-    start = n - max(1, L // 2)
-    logits, state = _encode(model, blocks, buf, n, start, True)
-    return _Carry(buf, n, start, state, logits, carry.restarts + 1,
-                  carry.failures + carry.state.failures)
+def _plan(tokens: int, free: int, room: int, size: int):
+    """`tokens` generation steps as `(lead, segments, count)` for `_generate_chunk`: `lead`
+    plain steps while `free` tokens still fit the window, then segments of one restart and
+    up to `room` plain steps (`segments` padded to `size` entries)."""
+    lead = min(tokens, free)
+    rest, segments = tokens - lead, []
+    while rest > 0:
+        k = min(room, rest - 1)
+        segments.append(k)
+        rest -= 1 + k
+    return lead, segments + [0] * (size - len(segments)), len(segments)
 
 
 def generate(
@@ -351,20 +376,17 @@ def generate(
         done = 0
         while done < length:
             steps = min(chunk, length - done)
-            if incremental:
-                # the window is planned here: `free` more tokens fit before it restarts
-                free = L - (n + done - start)
-                if free == 0:
-                    carry = _restart(model, blocks, carry, keys, temp)
-                    done += 1
-                    start = window_start(n + done, start, L)
-                    if bar is not None:
-                        bar.update(1)
-                    continue
-                steps = min(steps, free)
-            carry = _generate_chunk(model, blocks, carry, keys, temp, jnp.int32(steps),
+            if incremental:  # plan the window: `free` more tokens fit before it restarts
+                lead, segments, count = _plan(steps, L - (n + done - start),
+                                              L - max(1, L // 2), chunk)
+            else:
+                lead, segments, count = steps, [0] * chunk, 0
+            carry = _generate_chunk(model, blocks, carry, keys, temp, jnp.int32(lead),
+                                    jnp.asarray(segments, jnp.int32), jnp.int32(count),
                                     incremental)
-            done += steps
+            for _ in range(steps):
+                done += 1
+                start = window_start(n + done, start, L)
             if bar is not None:
                 jax.block_until_ready(carry.n)
                 bar.update(steps)
