@@ -110,38 +110,6 @@ def test_batched_generation_is_each_row_generated_alone():
         nn.generate(model, jnp.zeros((2, 2, 2), jnp.int32), length=2, key=key)
 
 
-def test_decode_solve_warm_start_never_hurts():
-    """The unrolled Picard steps before an incremental solve: on a contraction the solver's
-    loop has nothing left to do; on a map whose Picard iteration diverges (slope -2) the
-    solver still starts from the initial point and solves it."""
-    from spinformer.nn._spin import _decode_solve
-
-    solve = dict(solver=solvers.Anderson(tol=1e-6, max_steps=50), adjoint=None, throw=False)
-    m, failed = _decode_solve(lambda m, a: 0.5 * m + a, jnp.zeros(3), jnp.ones(3),
-                              solve=solve, warm=30)
-    np.testing.assert_allclose(m, 2.0, atol=1e-6)
-    assert int(failed) == 0
-    m, failed = _decode_solve(lambda m, a: -2.0 * m + a, jnp.zeros(3), jnp.full(3, 3.0),
-                              solve=solve)
-    np.testing.assert_allclose(m, 1.0, atol=1e-5)
-    assert int(failed) == 0
-    # diverging warm steps are discarded: the solver starts from m0 (residual 3, not 3·3^k)
-    sol_start = []
-    orig = solvers.fixed_point
-
-    def spy(fn, x0, args, **kw):
-        sol_start.append(x0)
-        return orig(fn, x0, args, **kw)
-
-    import spinformer.spins._common as common
-    common.solvers.fixed_point, saved = spy, common.solvers.fixed_point
-    try:
-        _decode_solve(lambda m, a: -2.0 * m + a, jnp.zeros(3), jnp.full(3, 3.0), solve=solve)
-    finally:
-        common.solvers.fixed_point = saved
-    np.testing.assert_allclose(sol_start[0], 0.0)
-
-
 def test_window_start():
     assert nn._decode.window_start(12, 0, 12) == 0
     assert nn._decode.window_start(13, 0, 12) == 7  # restart at the last 6 tokens

@@ -51,36 +51,6 @@ def _failed(sol) -> Int[Array, ""]:
     return (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
 
 
-# Unrolled Picard steps that start each solve of incremental decoding (see `_decode_solve`).
-_DECODE_WARM_STEPS = 5
-
-
-def _decode_solve(fn, m0, args, *, solve, warm: int = _DECODE_WARM_STEPS):
-    """One new position's fixed point `m = fn(m, args)` for incremental decoding:
-    `(m, failed)`.
-
-    `warm` plain iterations run first as straight-line code, and the layer's solver starts
-    from the iterate among m0 … m_{warm−1} whose residual (known from the next iterate)
-    is smallest, so the warm start is never worse than m0. The solver then decides as
-    always (its tolerance, its failure report). One position's map is a contraction in
-    practice (measured on the generation benchmark's TAP model: the Picard residual is below
-    1e-3 after 4 steps for every position of every layer), so the solver's loop usually
-    stops at its first check: on a GPU each loop iteration waits for the host, while the
-    unrolled steps fuse into a few kernels."""
-    m, best, best_r = m0, m0, None
-    for _ in range(warm):
-        f = fn(m, args)
-        r = jnp.max(jnp.abs(f - m))
-        if best_r is None:
-            best_r = r
-        else:
-            better = r < best_r
-            best, best_r = jnp.where(better, m, best), jnp.minimum(r, best_r)
-        m = f
-    sol = _solve(fn, best, args, **solve)
-    return sol.value, _failed(sol)
-
-
 class SpinUpdate(Choice):
     """The mean-field equations of the vector-spin model (`update=`): `MeanFieldUpdate`
     (`"mean_field"`, first order) or `TAPUpdate` (`"tap"`, with the Onsager/feed-forward
@@ -108,9 +78,10 @@ class SpinUpdate(Choice):
         """One time step of the newest position given every position's previous
         magnetizations `M_prev (L, D_h)`: `(m (D_h,), failed)`."""
         m0 = vector.magnetization(x + J @ M_prev, beta=beta, R=R)
-        return _decode_solve(lambda m, a: vector.magnetization(
-            self.row_field(m, *a, beta=beta, R=R), beta=beta, R=R), m0, (M_prev, x, J),
-            solve=solve)
+        sol = _solve(lambda m, a: vector.magnetization(self.row_field(m, *a, beta=beta, R=R),
+                                                       beta=beta, R=R),
+                     m0, (M_prev, x, J), **solve)
+        return sol.value, _failed(sol)
 
 
 @register_choice("spin.update", "mean_field")
@@ -718,7 +689,8 @@ class SpinAttention(eqx.Module):
             return vector.magnetization(theta, beta=beta, R=R)
 
         m0 = vector.magnetization(x, beta=beta, R=R)
-        return _decode_solve(row_map, m0, (x, J, M), solve=self._solve_kwargs())
+        sol = _solve(row_map, m0, (x, J, M), **self._solve_kwargs())
+        return sol.value, _failed(sol)
 
     def _decode_step(self, x, J, M_prev):
         """One time step of one head's newest position given all positions' previous
