@@ -84,7 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from ._common import mm
+from ._common import HIGHEST, mm
 
 __all__ = [
     "MAX_EXACT",
@@ -442,7 +442,7 @@ def shapley_mc(
     players: one permutation gives every player's marginal contribution to the players
     before it, from the n + 1 prefixes of the permutation, so the cost is K·(n + 1)
     evaluations of v (one batched call on masks `(K, n + 1, n)`). For a `NormGame` the
-    prefix sums are cumulative sums of the permuted vectors, O(K n d).
+    prefix sums are one triangular matmul of the permuted vectors, O(K n² d).
 
     **Arguments:**
 
@@ -464,7 +464,11 @@ def shapley_mc(
         # the player at each position (inverse permutation by a scatter, not a sort)
         order = jnp.zeros_like(rank).at[jnp.arange(K)[:, None], rank].set(jnp.arange(n))
         vec = v.vectors[order] * players[order][..., None].astype(v.vectors.dtype)
-        sums = jnp.cumsum(vec, axis=1)  # (K, n, d): prefix of length t + 1
+        # prefix of length t + 1, (K, n, d): one (n, n) lower-triangular matmul shared by
+        # every draw (and every game under vmap); the estimator's gradient over 32 games of
+        # 64 players, K = 15, took 5.3 ms this way against 8.1 ms with `jnp.cumsum` (CPU)
+        tri = jnp.asarray(np.tril(np.ones((n, n))), vec.dtype)
+        sums = jnp.einsum("ts,ksd->ktd", tri, vec, precision=HIGHEST)
         sq = jnp.concatenate([jnp.zeros((K, 1), sums.dtype), jnp.sum(sums * sums, -1)], 1)
         vals = v._from_sq(sq)  # (K, n + 1)
     else:
