@@ -707,13 +707,35 @@ def test_backward_solves_are_recorded_per_solve(x64):
             assert float(rec[1]) == -4.0
         else:
             assert 4 * 2 <= float(rec[1]) <= 4 * 200
-        if isinstance(lin, S.GMRES):  # whole cycles of restart = min(5, n) = 3: 3 + 2 each
-            assert float(rec[1]) % 5 == 0
+        if isinstance(lin, S.GMRES):  # restart = min(5, n) = 3: 1 + 4 per cycle, per solve
+            assert (float(rec[1]) - 4.0) % 4 == 0
         assert 0.0 <= float(rec[2]) <= 4 * 1e-7
         np.testing.assert_array_equal(grads.adjoint.probe, 0.0)  # the optimizer sees zeros
         np.testing.assert_allclose(grads.W, plain.W, rtol=1e-6)
     # other adjoints have no backward solve and carry no probe
     assert S.record_backward(S.Unrolled()) == S.Unrolled()
+
+
+@pytest.mark.parametrize("restart", [1, 3, 8])
+def test_gmres_reports_the_products_it_makes(restart):
+    """GMRES's product count is every product it makes (counted as they run, under jit),
+    1 + restart + 1 per cycle after the first residual; its answer meets the tolerance."""
+    rng = np.random.default_rng(5)
+    A = jnp.asarray(np.eye(12) + 0.3 * rng.normal(size=(12, 12)), jnp.float32)
+    b = jnp.asarray(rng.normal(size=12), jnp.float32)
+    calls = []
+
+    def matvec(v):
+        jax.debug.callback(lambda: calls.append(1))
+        return A @ v
+
+    w, products, resid = jax.jit(lambda b: S.GMRES(restart).solve_with_residual(
+        matvec, b, tol=1e-5, max_steps=60))(b)
+    jax.effects_barrier()
+    assert int(products) == len(calls)
+    assert (int(products) - 1) % (restart + 1) == 0
+    np.testing.assert_allclose(float(resid), float(jnp.linalg.norm(b - A @ w)), rtol=1e-3)
+    assert float(resid) <= 1e-5 * float(jnp.linalg.norm(b))
 
 
 def test_backward_error_if_raises_only_in_the_backward_pass():

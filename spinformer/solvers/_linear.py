@@ -42,16 +42,20 @@ class AbstractLinearSolver(eqx.Module):
 
 
 class GMRES(AbstractLinearSolver):
-    """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`, batched Arnoldi) started at w = b:
-    each cycle builds a Krylov basis of `restart` products, so the budget is rounded up to
-    whole cycles. The cycles are run one at a time and the true residual is checked after
-    each; that check is the residual `linear_solve` reports, so every cycle costs
-    `restart + 2` products (its starting residual, the basis, the check) and nothing else
-    is spent: the first cycle always runs (no product is spent on the residual of the
-    starting guess) and the last check is not repeated. (Starting at w = 0 saves the
-    starting residual but searches K_restart(A, b) instead of b + K_restart(A, b − Ab) ⊂
-    K_(restart+1)(A, b): on the spin-attention backward solves that cost a second cycle
-    more often than it saved a product.)"""
+    """Restarted GMRES started at w = b: each cycle builds an orthonormal Krylov basis of
+    `restart` products from the current residual (Arnoldi, classical Gram–Schmidt applied
+    twice), takes the minimal-residual combination, and checks the true residual with one
+    product more; that residual starts the next cycle. The budget is rounded up to whole
+    cycles. So a solve costs 1 + cycles·(restart + 1) products: the starting residual, then
+    per cycle the basis and the check, which is the residual `linear_solve` reports. No
+    cycle runs when the starting guess already meets the tolerance.
+
+    (`jax.scipy.sparse.linalg.gmres` ends each cycle with a true residual of its own that a
+    caller cannot read, so checking its answer costs restart + 2 products a cycle; this
+    loop spends restart + 1. Starting at w = 0 would save the starting residual but search
+    K_restart(A, b) instead of b + K_restart(A, b − Ab) ⊂ K_(restart+1)(A, b): on the
+    spin-attention backward solves that cost a second cycle more often than it saved a
+    product.)"""
 
     restart: int = eqx.field(default=20, static=True)
 
@@ -65,30 +69,58 @@ class GMRES(AbstractLinearSolver):
 
     def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
         del point
-        restart = max(1, min(self.restart, b.shape[0]))
+        restart = max(1, min(self.restart, b.size))
         cycles = max(1, math.ceil(max_steps / restart))
         target = tol * l2_norm(b)
 
         def cond(c):
-            _, rnorm, k = c
+            _, _, rnorm, k = c
             return (rnorm > target) & (k < cycles)
 
         def body(c):
-            w, rnorm, k = c
-            w_new, _ = jax.scipy.sparse.linalg.gmres(
-                matvec, b, x0=w, tol=tol, restart=restart, maxiter=1, solve_method="batched"
-            )
-            # Under vmap the loop runs on for systems that have already converged: a cycle
-            # started at an exact solution (or one whose Krylov space is invariant, e.g. a
-            # system with decoupled identity rows) can break down into NaN, so such a cycle's
-            # result is kept only if the system was still unsolved and the result is finite.
-            keep = (rnorm > target) & jnp.all(jnp.isfinite(w_new))
-            w = jnp.where(keep, w_new, w)
-            return w, l2_norm(b - matvec(w)), k + 1
+            w, r, rnorm, k = c
+            w_new = w + _arnoldi_correction(matvec, r, rnorm, restart)
+            r_new = b - matvec(w_new)
+            rnorm_new = l2_norm(r_new)
+            # Under vmap the loop runs on for systems that have already converged: such a
+            # system (or a cycle that broke down into NaN) keeps its previous answer.
+            keep = (rnorm > target) & jnp.isfinite(rnorm_new) & (rnorm_new < rnorm)
+            return (jnp.where(keep, w_new, w), jnp.where(keep, r_new, r),
+                    jnp.where(keep, rnorm_new, rnorm), k + 1)
 
-        inf = jnp.full_like(target, jnp.inf)
-        w, rnorm, k = jax.lax.while_loop(cond, body, (b, inf, 0))
-        return w, k * (restart + 2), rnorm
+        r0 = b - matvec(b)
+        w, _, rnorm, k = jax.lax.while_loop(cond, body, (b, r0, l2_norm(r0), 0))
+        return w, 1 + k * (restart + 1), rnorm
+
+
+def _arnoldi_correction(matvec, r, rnorm, restart: int):
+    """The correction d in K_restart(A, r) minimising ‖r − A d‖₂: `restart` products."""
+    shape, dtype = r.shape, r.dtype
+    tiny = jnp.finfo(dtype).tiny
+    V = jnp.zeros((restart + 1, r.size), dtype)
+    V = V.at[0].set(r.reshape(-1) / jnp.where(rnorm > tiny, rnorm, 1.0))
+    H = jnp.zeros((restart + 1, restart), dtype)
+    rows = jnp.arange(restart + 1)
+
+    def arnoldi(k, VH):
+        V, H = VH
+        v = matvec(V[k].reshape(shape)).reshape(-1)
+        basis = rows <= k
+        h = jnp.where(basis, V @ v, 0.0)
+        v = v - h @ V
+        h2 = jnp.where(basis, V @ v, 0.0)  # the second pass keeps V orthonormal in float32
+        v = v - h2 @ V
+        norm = l2_norm(v)
+        h = (h + h2).at[k + 1].set(norm)
+        # a breakdown (norm 0: the basis spans the solution) leaves the next vectors at 0
+        V = V.at[k + 1].set(jnp.where(norm > tiny, v / jnp.where(norm > tiny, norm, 1.0),
+                                      0.0))
+        return V, H.at[:, k].set(h)
+
+    V, H = jax.lax.fori_loop(0, restart, arnoldi, (V, H))
+    e1 = jnp.zeros((restart + 1,), dtype).at[0].set(rnorm)
+    y = jnp.linalg.lstsq(H, e1)[0]
+    return (y @ V[:restart]).reshape(shape)
 
 
 class BiCGStab(AbstractLinearSolver):
