@@ -36,7 +36,11 @@ build the model (for example, a non-causal attention in a language model).
 **Resuming.** Runs go to `--runs/<task>/<family>/lr<factor>_s<seed>` (default
 `runs/zoo`, `runs/zoo_quick` with `--quick`); a finished run (`result.json`) is skipped, a run
 killed midway resumes from its checkpoint, and a run that raised is recorded (`failed.json`,
-with the error) and the grid goes on (`--retry-failed` tries them again). Several workers may
+with the error) and the grid goes on (`--retry-failed` tries them again). A run that
+outlives the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped
+after the step in flight, checkpointed and recorded as failed with its pace, so one family
+that slows to a crawl mid-training does not hold the grid (`--retry-failed` leaves such runs
+alone; raise the budget to continue them). Several workers may
 share one `--runs` directory: each claims a run with a lock directory (a stale lock of a dead
 process is taken over).
 
@@ -54,9 +58,11 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Optional
@@ -71,8 +77,9 @@ from _cli import ROOT, chosen, dispatch, failure_message, make_parser  # noqa: E
 from _stats import mean_ci  # noqa: E402
 
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
-GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params", "tasks", "families"}
-TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches"}
+GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params", "tasks",
+             "families", "max_run_minutes"}
+TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
 REFERENCE = "softmax"
 
@@ -114,6 +121,13 @@ def load_grid(path) -> dict:
             if t not in grid["tasks"]:
                 bad(f"families.{name}: task {t!r} is not in the grid's tasks "
                     f"{sorted(grid['tasks'])}.")
+    for where, holder in [("max_run_minutes", grid)] + [
+            (f"tasks.{name}.max_run_minutes", t) for name, t in grid["tasks"].items()]:
+        m = holder.get("max_run_minutes")
+        if m is not None and not (isinstance(m, (int, float)) and not isinstance(m, bool)
+                                  and m > 0):
+            bad(f"{where} must be a positive number of minutes (or absent: no limit); "
+                f"got {m!r}.")
     grid.setdefault("match_params", True)
     grid["seeds"] = [int(s) for s in grid["seeds"]]
     grid["lr_factors"] = [float(x) for x in grid["lr_factors"]]
@@ -396,6 +410,52 @@ def _mean_of(records, key):
     return float(np.mean(vals)) if vals else None
 
 
+class RunOverBudget(RuntimeError):
+    """A run stopped by the grid's wall-time budget (`max_run_minutes`)."""
+
+
+class _Budget:
+    """Sends this process SIGINT once a run has used `minutes` of wall time in all (the time
+    of earlier, resumed attempts included): the trainer checkpoints after the step in flight
+    and stops, and `fired` tells the grid it was the budget. A no-op for `minutes` None."""
+
+    def __init__(self, minutes: Optional[float], spent_s: float):
+        self.fired = False
+        self.minutes = minutes
+        self._timer = None
+        if minutes is not None:
+            self._timer = threading.Timer(max(60.0 * minutes - spent_s, 0.0), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def cancel(self):
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _over_budget(out: pathlib.Path, minutes: float) -> RunOverBudget:
+    """The error recorded for a run stopped by its budget, with its pace: the seconds per
+    step over its first and its last logged stretch (a run that slowed down says so)."""
+    recs = [r for r in _train_records(out) if "time_s" in r]
+    pace = ""
+    if len(recs) >= 3:
+        def rate(a, b):
+            return (b["time_s"] - a["time_s"]) / max(b["step"] - a["step"], 1)
+
+        pace = (f"; {rate(recs[0], recs[1]):.2f} s per step at steps {recs[0]['step']}–"
+                f"{recs[1]['step']}, {rate(recs[-2], recs[-1]):.2f} s at steps "
+                f"{recs[-2]['step']}–{recs[-1]['step']}")
+    ckpts = sorted(out.glob("ckpt-*"))
+    where = (f"stopped at step {int(ckpts[-1].name[5:13])} (checkpointed)" if ckpts
+             else "stopped before its first checkpoint")
+    return RunOverBudget(f"over the grid's time budget of {minutes:g} min per run, "
+                         f"{where}{pace}")
+
+
 def _failure(out: pathlib.Path, e: BaseException) -> dict:
     records = _train_records(out)
     info = {"error": type(e).__name__, "message": failure_message(e)[:500],
@@ -427,10 +487,11 @@ def cmd_run(args) -> None:
     print(f"{tag}zoo: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
           f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> {runs}",
           flush=True)
-    if args.retry_failed:
+    if args.retry_failed:  # not the runs stopped by the time budget: they would stop again
         for task, fam, factor, seed in todo:
             for d in (runs / task / fam).glob(f"lr*_s{seed}/failed.json"):
-                d.unlink()
+                if json.loads(d.read_text()).get("error") != RunOverBudget.__name__:
+                    d.unlink()
     t_start = time.time()
     while True:
         waiting = progressed = False
@@ -450,24 +511,38 @@ def cmd_run(args) -> None:
                 waiting = True
                 continue
             t0 = time.time()
+            budget = _Budget(None, 0.0)
             try:
                 if (out / "result.json").exists() or (out / "failed.json").exists():
                     continue
                 measure = seed == first and factor == grid["lr_factors"][0]
+                minutes = grid["tasks"][task].get("max_run_minutes",
+                                                  grid.get("max_run_minutes"))
+                done = [r for r in _train_records(out) if "time_s" in r]
+                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0)
                 try:
                     r = run_one(grid, cell, factor, seed, out, measure_memory=measure)
+                    budget.cancel()
                     metric = grid["tasks"][task]["metric"]
                     print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
                           f"{metric} {_fmt_metric(metric, _metric_of(r, metric))} "
                           f"({time.time() - t0:.0f} s)", flush=True)
                 except (KeyboardInterrupt, SystemExit, sf.train.TrainingInterrupted):
-                    raise
+                    if not budget.fired:
+                        raise
+                    try:
+                        raise _over_budget(out, minutes)
+                    except RunOverBudget as e:
+                        info = _failure(out, e)
+                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
+                          f"STOPPED: {info['message']}", flush=True)
                 except Exception as e:  # recorded; the grid goes on
                     info = _failure(out, e)
                     print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
                           f"FAILED after step {info['last_logged_step']}: {info['message']}",
                           flush=True)
             finally:
+                budget.cancel()
                 release(out)
             progressed = True
             break  # re-scan from the top: a finished candidate may unblock higher priorities

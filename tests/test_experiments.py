@@ -6,6 +6,7 @@ import pathlib
 import sys
 
 import pytest
+import yaml
 
 import spinformer as sf
 from spinformer.config import ConfigError, load_config
@@ -233,6 +234,34 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     costs = json.loads((runs / "step_cost.json").read_text())
     assert set(costs) == {"brackets/softmax", "brackets/hopfield"}
     assert all(c["step_s"] > 0 and c["compile_s"] > 0 for c in costs.values())
+
+
+def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
+    """A run over the grid's `max_run_minutes` is stopped after the step in flight,
+    checkpointed and recorded as failed with the budget in its message; `--retry-failed`
+    leaves it alone, and a budget that is not a positive number is refused."""
+    zoo = _load("zoo")
+    grid = yaml.safe_load((ROOT / "configs" / "zoo" / "quick.yaml").read_text())
+    grid["lr_factors"], grid["seeds"] = [1.0], [0]
+    grid["max_run_minutes"] = 1e-4  # 6 ms: over budget at the first step
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    runs = tmp_path / "runs"
+    args = ["--config", str(path), "--tasks", "brackets", "--families", "softmax",
+            "--runs", str(runs)]
+    zoo.main(["run", *args])
+    out = runs / "brackets" / "softmax" / "lr1_s0"
+    failed = json.loads((out / "failed.json").read_text())
+    assert failed["error"] == "RunOverBudget" and "time budget of 0.0001 min" in failed["message"]
+    assert not (out / "result.json").exists()
+    assert ("checkpointed" in failed["message"]) == bool(list(out.glob("ckpt-*")))
+    stamp = (out / "failed.json").stat().st_mtime
+    zoo.main(["run", "--retry-failed", *args])
+    assert (out / "failed.json").stat().st_mtime == stamp
+    grid["max_run_minutes"] = 0
+    path.write_text(yaml.safe_dump(grid))
+    with pytest.raises(SystemExit, match="max_run_minutes must be a positive number"):
+        zoo.load_grid(path)
 
 
 def test_zoo_locks(tmp_path):
