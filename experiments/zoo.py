@@ -420,11 +420,15 @@ class _Budget:
     and stops, and `fired` tells the grid it was the budget. A no-op for `minutes` None."""
 
     def __init__(self, minutes: Optional[float], spent_s: float):
-        self.fired = False
         self.minutes = minutes
+        self.left_s = math.inf if minutes is None else 60.0 * minutes - spent_s
+        self.fired = self.left_s <= 0  # spent already: the run is not started again
         self._timer = None
-        if minutes is not None:
-            self._timer = threading.Timer(max(60.0 * minutes - spent_s, 0.0), self._fire)
+
+    def start(self):
+        """Arm the timer (call inside the `try` that handles the interrupt)."""
+        if math.isfinite(self.left_s) and self.left_s > 0:
+            self._timer = threading.Timer(self.left_s, self._fire)
             self._timer.daemon = True
             self._timer.start()
 
@@ -521,6 +525,9 @@ def cmd_run(args) -> None:
                 done = [r for r in _train_records(out) if "time_s" in r]
                 budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0)
                 try:
+                    if budget.fired:
+                        raise KeyboardInterrupt  # recorded below, not trained again
+                    budget.start()
                     r = run_one(grid, cell, factor, seed, out, measure_memory=measure)
                     budget.cancel()
                     metric = grid["tasks"][task]["metric"]
