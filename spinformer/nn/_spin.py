@@ -47,6 +47,10 @@ _MIN_HEAD_DIM = 3
 # -- the options of the spin layer, as objects (names in configs: see spinformer._choices) --
 
 
+# `mode="steps"` runs up to this many time steps unrolled (see `SpinAttention._time_steps`).
+_UNROLL_STEPS = 8
+
+
 def _failed(sol) -> Int[Array, ""]:
     return (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
 
@@ -637,8 +641,13 @@ class SpinAttention(eqx.Module):
             return (m_new, steps + st.num_steps, jnp.maximum(result, st.result)), m_new - m
 
         zero = jnp.asarray(0, jnp.int32)
-        (m, steps, result), deltas = jax.lax.scan(body, (m0, zero, zero), None,
-                                                  length=self.num_steps)
+        # A few steps run as straight-line code: in a loop, the backward pass accumulates
+        # the couplings' (n, n) cotangent in the loop's carry and transposes J in every
+        # iteration; unrolled, XLA fuses across the steps (the layer's forward + backward
+        # 1.15x faster at 2 steps, batch 16, 128 tokens, width 64; CPU).
+        (m, steps, result), deltas = jax.lax.scan(
+            body, (m0, zero, zero), None, length=self.num_steps,
+            unroll=self.num_steps <= _UNROLL_STEPS)
         return m, m - deltas[-1], Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)
 
     # -- incremental decoding (see nn.decode_step) -----------------------------------------
