@@ -40,7 +40,9 @@ with the error) and the grid goes on (`--retry-failed` tries them again). A run 
 outlives the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped
 after the step in flight, checkpointed and recorded as failed with its pace, so one family
 that slows to a crawl mid-training does not hold the grid (`--retry-failed` leaves such runs
-alone; raise the budget to continue them). Several workers may
+alone; raise the budget to continue them); a run whose step never returns after the stop
+request (a hang in compiled code) is recorded the same way 15 minutes later and its worker
+exits. Several workers may
 share one `--runs` directory: each claims a run with a lock directory (a stale lock of a dead
 process is taken over).
 
@@ -417,28 +419,55 @@ class RunOverBudget(RuntimeError):
 class _Budget:
     """Sends this process SIGINT once a run has used `minutes` of wall time in all (the time
     of earlier, resumed attempts included): the trainer checkpoints after the step in flight
-    and stops, and `fired` tells the grid it was the budget. A no-op for `minutes` None."""
+    and stops, and `fired` tells the grid it was the budget. A no-op for `minutes` None.
 
-    def __init__(self, minutes: Optional[float], spent_s: float):
-        self.minutes = minutes
+    A step that never returns (a hang inside compiled code never gets back to Python, where
+    the interrupt is handled) would hold the worker for good: `grace_s` after the interrupt,
+    the run is recorded as failed and the process exits with code 3, so the grid's other
+    workers go on and a rerun skips the run."""
+
+    def __init__(self, minutes: Optional[float], spent_s: float, out=None,
+                 grace_s: float = 900.0):
+        self.minutes, self.out, self.grace_s = minutes, out, grace_s
         self.left_s = math.inf if minutes is None else 60.0 * minutes - spent_s
         self.fired = self.left_s <= 0  # spent already: the run is not started again
-        self._timer = None
+        self._timers: list = []
+
+    def _arm(self, seconds, fn):
+        t = threading.Timer(seconds, fn)
+        t.daemon = True
+        t.start()
+        self._timers.append(t)
 
     def start(self):
         """Arm the timer (call inside the `try` that handles the interrupt)."""
         if math.isfinite(self.left_s) and self.left_s > 0:
-            self._timer = threading.Timer(self.left_s, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+            self._arm(self.left_s, self._fire)
 
     def _fire(self):
         self.fired = True
+        if self.out is not None:
+            self._arm(self.grace_s, self._abandon)
         os.kill(os.getpid(), signal.SIGINT)
 
+    def _abandon(self):
+        try:
+            e = _over_budget(self.out, self.minutes)
+            msg = (f"{e}; the step in flight did not return within {self.grace_s:.0f} s of "
+                   "the stop request (a hang in compiled code): the worker exited")
+            records = _train_records(self.out)
+            (self.out / "failed.json").write_text(json.dumps({
+                "error": RunOverBudget.__name__, "message": msg,
+                "last_logged_step": records[-1]["step"] if records else None,
+                "traceback": ""}, indent=2))
+            release(self.out)
+            print(f"zoo: {self.out}: {msg}", flush=True)
+        finally:
+            os._exit(3)
+
     def cancel(self):
-        if self._timer is not None:
-            self._timer.cancel()
+        for t in self._timers:
+            t.cancel()
 
 
 def _over_budget(out: pathlib.Path, minutes: float) -> RunOverBudget:
@@ -523,7 +552,7 @@ def cmd_run(args) -> None:
                 minutes = grid["tasks"][task].get("max_run_minutes",
                                                   grid.get("max_run_minutes"))
                 done = [r for r in _train_records(out) if "time_s" in r]
-                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0)
+                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0, out)
                 try:
                     if budget.fired:
                         raise KeyboardInterrupt  # recorded below, not trained again
