@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from ..spins._common import matmul_nt_rt, matmul_rt
 from ._masks import combine_masks
 
 
@@ -89,7 +90,7 @@ def qk_scores(
     check_shapes(name, x, ctx, to_q.in_features)
     q_HxNxK = project_heads(to_q, x, num_heads)
     k_HxSxK = project_heads(to_k, ctx, num_heads)
-    scores = jnp.einsum("hnk,hsk->hns", q_HxNxK, k_HxSxK) / math.sqrt(q_HxNxK.shape[-1])
+    scores = matmul_nt_rt(q_HxNxK, k_HxSxK) / math.sqrt(q_HxNxK.shape[-1])
     allowed = combine_masks(x.shape[0], ctx.shape[0], causal and context is None, mask)
     return scores, allowed
 

@@ -36,6 +36,51 @@ def mm(a, b):
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
+# XLA's CPU backend runs a product that contracts the row index of its left operand (the
+# pullback Aᵀ ḡ of A @ B with respect to B) as a slow strided dot. These products give their
+# forward-mode rules an explicit transposed copy of A (kept by an optimisation barrier, which
+# XLA cannot fold back into the dot), so the reverse pass derived from them is a plain
+# product; values, gradients, `jvp`, `jacfwd` and `hessian` are those of the plain product.
+
+
+@jax.custom_jvp
+def matmul_rt(A, B):
+    """`A @ B` for `A (..., n, s)`, `B (..., s, d)`, with a plain-product reverse pass for B
+    (see above; spin attention's time-step layer 1.2x faster forward + backward on CPU)."""
+    return A @ B
+
+
+@matmul_rt.defjvp
+def _matmul_rt_jvp(primals, tangents):
+    A, B = primals
+    dA, dB = tangents
+    At = jax.lax.optimization_barrier(jnp.swapaxes(A, -1, -2))
+    # A @ dB written through At, so that its transpose (the reverse pass) is At @ ḡ
+    return A @ B, dA @ B + jnp.einsum("...ji,...jd->...id", At, dB)
+
+
+@jax.custom_jvp
+def matmul_nt_rt(A, B):
+    """`A @ Bᵀ` for `A (..., n, d)`, `B (..., s, d)` (attention scores), with a plain-product
+    reverse pass for B: ḡᵀ A through an explicit copy of ḡᵀ (see above). Every attention's
+    scores use it: a softmax layer's forward + backward ~10 % faster, a spin layer's ~15 %
+    (batch 16, 128 tokens, width 64, CPU). (Softmax's value mix W v through `matmul_rt`
+    measured slower, so it keeps the plain product.)"""
+    return jnp.einsum("...nd,...sd->...ns", A, B)
+
+
+@matmul_nt_rt.defjvp
+def _matmul_nt_rt_jvp(primals, tangents):
+    A, B = primals
+    dA, dB = tangents
+    out = jnp.einsum("...nd,...sd->...ns", A, B)
+    # A dBᵀ = (dB Aᵀ)ᵀ, the outer transpose behind a barrier: its transpose copies ḡᵀ once
+    # and multiplies it by A as a plain product
+    t = jnp.swapaxes(jax.lax.optimization_barrier(jnp.einsum("...sd,...nd->...sn", dB, A)),
+                     -1, -2)
+    return out, jnp.einsum("...nd,...sd->...ns", dA, B) + t
+
+
 def bits(n: int) -> np.ndarray:
     """All 2^n configurations as ±1, shape (2^n, n) float32; spin k is bit k of the row index
     (s_k = 1 − 2·bit_k)."""
