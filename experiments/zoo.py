@@ -84,6 +84,7 @@ GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params",
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
 REFERENCE = "softmax"
+IMAGE_TASKS = ("digits", "fashion_mnist")  # tokens from the model's image stem, not seq_len
 
 
 # ------------------------------------------------------------------------------ the grid
@@ -860,7 +861,9 @@ def _task_table(grid, task, fams, stats) -> list[str]:
     cfg = base_config(grid, task, REFERENCE)
     lines = ["", f"## {t.get('label', task)}", "",
              f"Base `{t['config']}` with {t.get('set') or {}}: {cfg.train.steps} steps of "
-             f"batch {cfg.data.batch_size}, T = {cfg.data.seq_len}, width {cfg.model.dim}, "
+             f"batch {cfg.data.batch_size}, "
+             + (f"{cfg.model.embed} image tokens" if cfg.data.task in IMAGE_TASKS
+                else f"T = {cfg.data.seq_len}") + f", width {cfg.model.dim}, "
              f"depth {cfg.model.depth}, {cfg.model.num_heads} heads. Softmax: "
              f"{ref['params'] or 0:,} parameters.", "", head,
              "|---" * (head.count("|") - 1) + "|"]
