@@ -127,19 +127,3 @@ def test_module_holds_objects_built_from_names_or_objects():
                          update=nn.options.MeanFieldUpdate(), key=jax.random.key(0))
     assert isinstance(a.mode, nn.options.SpinMode) and a.mode.steps and a.init.learned
     assert bool(__import__("equinox").tree_equal(a, b))
-
-
-def test_adjoint_keys_the_named_adjoint_does_not_read_are_refused():
-    """An adjoint key set away from its default that the named adjoint ignores is a
-    `ConfigError` naming the key and what reads it; the defaults and the keys it reads pass."""
-    from spinformer.solvers import AdjointOptions
-
-    AdjointOptions(name="implicit", linear_solver="gmres", restart=20).check()
-    AdjointOptions(name="phantom", steps=3).check()
-    AdjointOptions(name="saddle_implicit").check(root=True)
-    with pytest.raises(C.ConfigError, match="'saddle_implicit' does not read linear_solver"):
-        AdjointOptions(name="saddle_implicit", linear_solver="gmres").check(root=True)
-    with pytest.raises(C.ConfigError, match="does not read steps"):
-        AdjointOptions(name="implicit", steps=3).check()
-    with pytest.raises(C.ConfigError, match="tol=0.001: the adjoint 'phantom'"):
-        AdjointOptions(name="phantom", tol=1e-3).check()

@@ -207,23 +207,6 @@ class AdjointOptions(_Named):
         if not 0.0 <= self.damping < 1.0:
             raise ConfigError(f"damping={self.damping} must be in [0, 1).")
 
-    def check(self, *, root: bool = False) -> None:
-        """As `_Named.check`, and refuse keys set away from their defaults that the named
-        adjoint does not read (e.g. `linear_solver` for `saddle_implicit`, whose backward
-        is its own dense solve): a key that changes nothing is an error, not a silence."""
-        cls = self._class(root)
-        used = ({"linear_solver", "tol", "max_steps", "restart", "fallback"} if cls is Implicit
-                else {f.name for f in dataclasses.fields(cls)} & {"steps", "damping"})
-        unused = [f.name for f in dataclasses.fields(self)
-                  if f.name != "name" and f.name not in used
-                  and getattr(self, f.name) != f.default]
-        if unused:
-            raise ConfigError(
-                f"{unused[0]}={getattr(self, unused[0])!r}: the adjoint {self.name!r} does not "
-                f"read {', '.join(unused)} (it reads {sorted(used) or 'no other key'}); remove "
-                "the key, or choose the adjoint that uses it (implicit: linear_solver, tol, "
-                "max_steps, restart, fallback; phantom: steps, damping).")
-
     def build(self, *, root: bool = False) -> AbstractAdjoint:
         """The adjoint object (`root=True`: refuse one that differentiates fixed points
         only)."""
