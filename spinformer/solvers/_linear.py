@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from typing import Callable, Optional
 
@@ -96,6 +97,7 @@ class GMRES(AbstractLinearSolver):
 def _arnoldi_correction(matvec, r, rnorm, restart: int):
     """The correction d in K_restart(A, r) minimising ‖r − A d‖₂: `restart` products."""
     shape, dtype = r.shape, r.dtype
+    dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)  # as jax's GMRES
     tiny = jnp.finfo(dtype).tiny
     V = jnp.zeros((restart + 1, r.size), dtype)
     V = V.at[0].set(r.reshape(-1) / jnp.where(rnorm > tiny, rnorm, 1.0))
@@ -106,10 +108,10 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int):
         V, H = VH
         v = matvec(V[k].reshape(shape)).reshape(-1)
         basis = rows <= k
-        h = jnp.where(basis, V @ v, 0.0)
-        v = v - h @ V
-        h2 = jnp.where(basis, V @ v, 0.0)  # the second pass keeps V orthonormal in float32
-        v = v - h2 @ V
+        h = jnp.where(basis, dot(V, v), 0.0)
+        v = v - dot(h, V)
+        h2 = jnp.where(basis, dot(V, v), 0.0)  # the second pass keeps V orthonormal in float32
+        v = v - dot(h2, V)
         norm = l2_norm(v)
         h = (h + h2).at[k + 1].set(norm)
         # a breakdown (norm 0: the basis spans the solution) leaves the next vectors at 0
@@ -120,7 +122,7 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int):
     V, H = jax.lax.fori_loop(0, restart, arnoldi, (V, H))
     e1 = jnp.zeros((restart + 1,), dtype).at[0].set(rnorm)
     y = jnp.linalg.lstsq(H, e1)[0]
-    return (y @ V[:restart]).reshape(shape)
+    return dot(y, V[:restart]).reshape(shape)
 
 
 class BiCGStab(AbstractLinearSolver):
