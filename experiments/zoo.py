@@ -453,16 +453,12 @@ class _Budget:
 
     def _abandon(self):
         try:
-            e = _over_budget(self.out, self.minutes)
-            msg = (f"{e}; the step in flight did not return within {self.grace_s:.0f} s of "
-                   "the stop request (a hang in compiled code): the worker exited")
-            records = _train_records(self.out)
-            (self.out / "failed.json").write_text(json.dumps({
-                "error": RunOverBudget.__name__, "message": msg,
-                "last_logged_step": records[-1]["step"] if records else None,
-                "traceback": ""}, indent=2))
+            e = RunOverBudget(f"{_over_budget(self.out, self.minutes)}; the step in flight did "
+                              f"not return within {self.grace_s:.0f} s of the stop request (a "
+                              "hang in compiled code): the worker exited")
+            info = _failure(self.out, e)
             release(self.out)
-            print(f"zoo: {self.out}: {msg}", flush=True)
+            print(f"zoo: {self.out}: {info['message']}", flush=True)
         finally:
             os._exit(3)
 
