@@ -85,14 +85,17 @@ def encode_prompt(prompt: str, chars) -> list[int]:
 
 def generate_text(run_dir, prompt: str, *, length: int = 200, temperature: float = 0.8,
                   seed: int = 0, incremental: bool = True, progress: bool = False,
-                  loaded: Optional[tuple] = None) -> tuple[str, dict]:
+                  loaded: Optional[tuple] = None, decode_steps: Optional[int] = None
+                  ) -> tuple[str, dict]:
     """Generate `length` characters after `prompt` with the model of a run directory.
 
     **Arguments:** `run_dir` (see `load_language_model`), `prompt` (characters of the
     model's vocabulary), `length`, `temperature` (0: greedy), `seed` (the same seed gives
     the same text), `incremental` (False: re-solve the context at every step, see
     `nn.generate`), `progress` (a tqdm bar), `loaded` (the result of `load_language_model`,
-    to reuse a loaded model).
+    to reuse a loaded model), `decode_steps` (solve each position with this many unrolled
+    Picard steps at the model's own tolerance, `solvers.Picard(unroll=True)`: no while loop,
+    faster on a GPU; solves that miss the tolerance are counted in `solver_failures`).
 
     **Returns:** `(text, info)`: the generated characters (without the prompt) and
     `nn.generate`'s info.
@@ -107,10 +110,24 @@ def generate_text(run_dir, prompt: str, *, length: int = 200, temperature: float
         raise GenerateError(f"--temperature {temperature} must be >= 0 (0: greedy).")
     _, chars, model = loaded if loaded is not None else load_language_model(run_dir)
     ids = encode_prompt(prompt, chars)
+    solver = None
+    if decode_steps is not None:
+        from . import solvers
+
+        if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or (
+                decode_steps < 1):
+            raise GenerateError(f"--decode-steps {decode_steps!r} must be an int >= 1.")
+        own = [s for s in jax.tree.leaves(
+            model, is_leaf=lambda x: isinstance(x, solvers.AbstractSolver))
+            if isinstance(s, solvers.AbstractSolver)]
+        if not own:
+            raise GenerateError("--decode-steps: this model's attention solves nothing; "
+                                "drop the option.")
+        solver = solvers.Picard(tol=float(own[0].tol), max_steps=decode_steps, unroll=True)
     try:
         out, info = nn.generate(model, jax.numpy.asarray(ids), length=length,
                                 temperature=temperature, key=jax.random.key(seed),
-                                incremental=incremental, progress=progress)
+                                incremental=incremental, progress=progress, solver=solver)
     except ValueError as e:
         raise GenerateError(str(e)) from None
     return "".join(chars[i] for i in out), info

@@ -110,6 +110,28 @@ def test_batched_generation_is_each_row_generated_alone():
         nn.generate(model, jnp.zeros((2, 2, 2), jnp.int32), length=2, key=key)
 
 
+def test_unrolled_decode_solver_is_counted_and_agrees():
+    """`generate(solver=...)` decodes with a loop-free solver (`unroll=True`): enough steps
+    give the default path's text with no failures; too few are counted, never hidden; a
+    model that solves nothing is refused."""
+    model = _lm("spin", dict(update="tap", solver=TIGHT), depth=1)
+    prompt = jnp.asarray([1, 2, 3])
+    kw = dict(length=L + 2, temperature=0.8, key=jax.random.key(2))
+    ref, _ = nn.generate(model, prompt, **kw)
+    fixed, info = nn.generate(model, prompt, solver=solvers.Picard(tol=1e-4, max_steps=6,
+                                                                   unroll=True), **kw)
+    assert fixed == ref and info["solver_failures"] == 0
+    _, short = nn.generate(model, prompt, solver=solvers.Picard(tol=1e-6, max_steps=1,
+                                                                unroll=True), **kw)
+    assert short["solver_failures"] > 0
+    swapped = nn.with_solver(model, solvers.Picard(max_steps=3, unroll=True))
+    assert swapped.transformer.blocks.attention.solver.max_steps == 3
+    with pytest.raises(ValueError, match="solves nothing"):
+        nn.with_solver(_lm("softmax", {}), solvers.Picard())
+    with pytest.raises(ValueError, match="solver"):
+        nn.with_solver(model, "picard")
+
+
 def test_window_start():
     assert nn._decode.window_start(12, 0, 12) == 0
     assert nn._decode.window_start(13, 0, 12) == 7  # restart at the last 6 tokens
@@ -165,6 +187,8 @@ def test_generate_command(char_run, capsys):
     assert capsys.readouterr().out.rstrip("\n") == text  # same seed, same text
     assert cli.main(args + ["--no-cache"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == text  # the reference path agrees
+    assert cli.main(args + ["--decode-steps", "30"]) == 0  # loop-free solves, same text
+    assert capsys.readouterr().out.rstrip("\n") == text
     # the run saved its vocabulary: sampling needs no training text
     assert (char_run / "vocab.json").exists()
     text_file = char_run.parent / "text.txt"
@@ -185,6 +209,7 @@ def test_generate_command_errors(char_run, tmp_path, capsys):
     (tmp_path / "other").mkdir()
     assert "not a run directory" in err(str(tmp_path / "other"), "--prompt", "a")
     assert "empty" in err(str(char_run), "--prompt", "")
+    assert "--decode-steps 0" in err(str(char_run), "--prompt", "a", "--decode-steps", "0")
     msg = err(str(char_run), "--prompt", "To bé€")
     assert "'é'" in msg and "'€'" in msg and "vocabulary" in msg
     brackets = tmp_path / "brackets"

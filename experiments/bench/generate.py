@@ -13,7 +13,11 @@ the model's `max_len`, one compilation). Both use the same window policy (restar
 whenever their logits agree to within the sampling's resolution; the script reports whether
 they did. The ratio printed is re-solve time / incremental time (> 1: incremental is faster).
 `--batch B ...`: also generate B sequences at once (B prompts, both paths batched the same
-way); the time per character is then per step of the whole batch.
+way); the time per character is then per step of the whole batch. `--unroll K ...` adds the
+TAP model decoded with `solvers.Picard(tol=1e-3, max_steps=K, unroll=True)` (no while loop:
+on a GPU each while-loop iteration waits for the host), once against re-solving with the
+layers' own Anderson and once with the same solver in both paths; solves that miss the
+tolerance are counted in the incremental path only.
 
 Models: by default freshly initialised causal LMs of the Shakespeare config's shape (width
 128, 4 heads, FFN 256, `--depth` blocks, `max_len = --seq-len`) with spin attention (TAP
@@ -36,7 +40,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _compare import interleaved, ratio_header  # noqa: E402
 
-from spinformer import nn  # noqa: E402
+from spinformer import nn, solvers  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = 65
@@ -70,7 +74,9 @@ def trained(run_dir):
     return f"trained run {pathlib.Path(run_dir).name} ({cfg.model.attention})", model
 
 
-def measure(label, model, length, repeats, prompt, batch=1):
+def measure(label, model, length, repeats, prompt, batch=1, solver=None, resolve_solver=None):
+    """Time `generate` both ways; `solver` replaces the layers' solvers in the incremental
+    path, `resolve_solver` in the re-solving one (None: the layers' own)."""
     key = jax.random.key(0)
     if batch > 1:
         prompt = (prompt[None] + jnp.arange(batch)[:, None]) % VOCAB
@@ -80,7 +86,8 @@ def measure(label, model, length, repeats, prompt, batch=1):
     def run(incremental):
         def f():
             out, info = nn.generate(model, prompt, length=length, temperature=0.8, key=key,
-                                    incremental=incremental)
+                                    incremental=incremental,
+                                    solver=solver if incremental else resolve_solver)
             texts[incremental] = (out, info)
             return jnp.asarray(out)
         return f
@@ -108,8 +115,9 @@ def measure(label, model, length, repeats, prompt, batch=1):
         "restarts": info["restarts"],
         "solver_failures": info["solver_failures"],
     }
-    print(f"{label}: incremental {row['incremental_s']:.2f} s, re-solve "
-          f"{row['resolve_s']:.2f} s, ratio {row['ratio']:.1f}x, same text: "
+    print(f"{label}: incremental {row['ms_per_char_incremental']:.3f} ms/char, re-solve "
+          f"{row['ms_per_char_resolve']:.3f} ms/char, ratio {row['ratio']:.2f}x, solver "
+          f"failures {row['solver_failures']}, same text: "
           f"{row['same_text']}" + ("" if first_diff is None else
                                    f" (first difference at character {first_diff})"),
           flush=True)
@@ -125,7 +133,12 @@ def main(argv=None):
     p.add_argument("--batch", type=int, nargs="+", default=[1],
                    help="batch sizes (sequences generated together)")
     p.add_argument("--run", action="append", default=[], help="also a trained run directory")
-    p.add_argument("--only", help="only models whose label contains this text")
+    p.add_argument("--only", help="only models whose label contains this text (several: "
+                   "separated by |)")
+    p.add_argument("--unroll", type=int, nargs="*", default=[],
+                   help="also the TAP model with solvers.Picard(tol=1e-3, max_steps=K, "
+                   "unroll=True) for each K: in the incremental path only (re-solving keeps "
+                   "the layers' Anderson), and in both paths")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "generate"))
     p.add_argument("--quick", action="store_true", help="a smoke test: 32 characters, depth "
                    "2, T 32, one round, results under quick_*")
@@ -138,11 +151,19 @@ def main(argv=None):
     prompt = jnp.arange(8, dtype=jnp.int32) % VOCAB
     rows = []
     contenders = list(models(args.depth, args.seq_len)) + [trained(r) for r in args.run]
-    for label, model in contenders:
-        if args.only and args.only not in label:
+    runs = [(label, model, None, None) for label, model in contenders]
+    tap = next((m for label, m in contenders if label.startswith("spin TAP")), None)
+    for K in args.unroll:
+        fixed = solvers.Picard(tol=1e-3, max_steps=K, unroll=True)
+        runs.append((f"spin TAP, decode Picard x{K} unrolled (re-solve: Anderson)", tap, fixed,
+                     None))
+        runs.append((f"spin TAP, Picard x{K} unrolled in both paths", tap, fixed, fixed))
+    for label, model, solver, resolve_solver in runs:
+        if args.only and not any(part in label for part in args.only.split("|")):
             continue
         for batch in args.batch:
-            rows.append(measure(label, model, args.length, args.repeats, prompt, batch))
+            rows.append(measure(label, model, args.length, args.repeats, prompt, batch,
+                                solver, resolve_solver))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = ("quick_" if args.quick else "") + device.platform

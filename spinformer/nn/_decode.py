@@ -34,7 +34,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from ._transformer import SequenceModel, Transformer
 
 __all__ = ["DecodeState", "decode_init", "decode_step", "decode_sequence", "prefill",
-           "generate", "window_start"]
+           "generate", "window_start", "with_solver"]
 
 
 class DecodeState(eqx.Module):
@@ -181,6 +181,35 @@ def _prefill(model, blocks, tokens, length):
     return jax.lax.fori_loop(0, length, body, (jnp.zeros(out.shape, out.dtype), state))
 
 
+def with_solver(model, solver):
+    """`model` with every solver in it (each layer's `solver` field) replaced by `solver`,
+    a `solvers.AbstractSolver`.
+
+    For incremental decoding on a GPU, where one position's solve is a few small kernels and
+    a while loop waits for the host at every iteration, a fixed number of unrolled steps is
+    faster: `with_solver(model, solvers.Picard(tol=1e-3, max_steps=12, unroll=True))`. The
+    solves still check their residual (once, at the end), and those that miss `tol` are
+    counted in `generate`'s `solver_failures`. `generate(solver=...)` does this for you."""
+    from ..solvers import AbstractSolver
+
+    if not isinstance(solver, AbstractSolver):
+        raise ValueError(f"with_solver: expected a spinformer solver such as "
+                         f"solvers.Picard(unroll=True); got {solver!r}.")
+    found = []
+
+    def swap(leaf):
+        if isinstance(leaf, AbstractSolver):
+            found.append(leaf)
+            return solver
+        return leaf
+
+    out = jax.tree.map(swap, model, is_leaf=lambda x: isinstance(x, AbstractSolver))
+    if not found:
+        raise ValueError(f"with_solver: {type(model).__name__} solves nothing (no layer has a "
+                         "solver), so there is no solver to replace.")
+    return out
+
+
 def window_start(n: int, start: int, max_len: int) -> int:
     """The start of the context window once `n` tokens exist: unchanged while the window
     `[start, n)` holds at most `max_len` tokens, else restarted at its last
@@ -314,6 +343,7 @@ def generate(
     incremental: bool = True,
     progress: bool = False,
     chunk: int = 64,
+    solver=None,
 ) -> tuple[list, dict]:
     """Sample `length` tokens after `prompt` from a causal language model.
 
@@ -333,6 +363,10 @@ def generate(
       (`decode_step`); False re-solves the whole context window at every step.
     - `progress`: a tqdm bar over the generated tokens.
     - `chunk`: tokens generated per compiled loop (between progress updates).
+    - `solver`: a `solvers.AbstractSolver` for every solve of the generation in place of
+      each layer's own (see `with_solver`), e.g. `solvers.Picard(tol=1e-3, max_steps=12,
+      unroll=True)`: on a GPU a fixed number of unrolled steps decodes a position faster
+      than a while loop; solves that miss the tolerance are counted in `solver_failures`.
 
     The context is a window of at most `max_len` tokens (see `window_start`). Sampling and
     the cache updates run inside compiled loops of up to `chunk` steps; the window restarts
@@ -359,6 +393,8 @@ def generate(
     rows = prompts.reshape(-1, prompts.shape[-1]).astype(jnp.int32)
     B, n = rows.shape
     keys = jax.random.split(key, B) if batched else key[None]
+    if solver is not None:
+        model = with_solver(model, solver)
     L = _max_len(model)
     if incremental:
         decode_init(model)  # raises early for models without an incremental path

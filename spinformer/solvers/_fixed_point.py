@@ -143,7 +143,12 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
         if trace:
             last0 = best.best(state0)[2]
             init += (jnp.full((max_steps + 1,), jnp.nan, last0.dtype).at[0].set(last0),)
-        if differentiable:
+        if solver.unroll:  # straight-line steps; a finished example keeps its state
+            out = init
+            for _ in range(max_steps):
+                go = cond(out)
+                out = jax.tree.map(lambda a, b: jnp.where(go, a, b), body(out), out)
+        elif differentiable:
             out = eqxi.while_loop(cond, body, init, max_steps=max_steps, kind="checkpointed")
         else:
             out = jax.lax.while_loop(cond, body, init)

@@ -125,7 +125,8 @@ class SolverOptions(_Named):
     (on the max-norm residual) and `max_steps`, and the options some solvers take:
     `damping` (picard, anderson, newton, reversible: the fraction of the old iterate kept) and `history`
     (anderson: residuals kept; broyden: rank-one updates kept before a restart, i.e. limited
-    memory; null: each solver's own default, Anderson's 5 and Broyden's dense estimate).
+    memory; null: each solver's own default, Anderson's 5 and Broyden's dense estimate), and
+    `unroll` (picard, anderson: exactly `max_steps` iterations without a while loop).
     """
 
     _WHAT, _TABLE = "solver", _SOLVERS
@@ -140,6 +141,9 @@ class SolverOptions(_Named):
                                       "reversible's 0.2)")
     history: Optional[int] = option(None, "anderson: residuals kept (null: 5); broyden: "
                                     "updates kept before a restart (null: a dense estimate)")
+    unroll: bool = option(False, "picard, anderson: run exactly max_steps iterations as "
+                          "straight-line code, no while loop (small solves on a GPU); the "
+                          "residual is checked once, at the end")
 
     def __post_init__(self):
         if not self.tol > 0:
@@ -158,6 +162,11 @@ class SolverOptions(_Named):
             values["damping"] = self.damping
         if self.history is not None:
             values["history"] = self.history
+        if self.unroll:
+            if "unroll" not in {f.name for f in dataclasses.fields(cls)}:
+                raise ConfigError(f"unroll: the solver {self.name!r} always runs a while loop; "
+                                  "unroll=true fits picard and anderson.")
+            values["unroll"] = True
         return cls(**_kwargs(cls, values))
 
 

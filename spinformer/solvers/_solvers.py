@@ -18,7 +18,7 @@ through F(x) = g(x) − x.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import equinox as eqx
 import jax
@@ -85,7 +85,20 @@ class AbstractSolver(eqx.Module):
     Every solver has `tol` (converged when the residual norm is ≤ tol), `max_steps` (most
     iterations after the first evaluation) and `norm` (a callable `vector -> scalar`, e.g.
     `max_norm` or `l2_norm`).
+
+    The fixed-point solvers `Picard` and `Anderson` also take `unroll`: with `unroll=True`
+    the driver runs exactly `max_steps` iterations as straight-line code instead of a while
+    loop; an example that has converged stops changing (its later steps are computed and
+    discarded), and the stopping rule is checked once, at the end, so a solve that needed
+    more steps reports `max_steps_reached` as usual. On a GPU every iteration of a while
+    loop waits for the host to read its condition, and a small solve (one decoded position)
+    costs more in those waits and launches than in arithmetic; unrolled, the whole solve is
+    a fixed sequence of kernels. Use it with a small `max_steps` that the problem is known
+    to converge in (the compiled program grows with it).
     """
+
+    #: run exactly `max_steps` iterations without a while loop (`Picard`, `Anderson`)
+    unroll: ClassVar[bool] = False
 
     tol: eqx.AbstractVar[float]
     max_steps: eqx.AbstractVar[int]
@@ -157,12 +170,15 @@ class Picard(AbstractFixedPointSolver):
     - `damping`: in [0, 1). 0 is the plain iteration; larger values slow each step down but
       make oscillating maps (e.g. mean-field equations at strong coupling) converge.
     - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
+    - `unroll`: run exactly `max_steps` iterations as straight-line code (see
+      `AbstractSolver`'s `unroll`).
     """
 
     damping: float = 0.0
     tol: float = 1e-5
     max_steps: int = eqx.field(default=100, static=True)
     norm: Callable = eqx.field(default=max_norm, static=True)
+    unroll: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         _check_damping("Picard", self.damping)
@@ -254,6 +270,8 @@ class Anderson(AbstractFixedPointSolver):
     - `ridge`: relative Tikhonov regularisation of the least-squares problem.
     - `safeguard`: enable the fallback and restart described above.
     - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
+    - `unroll`: run exactly `max_steps` iterations as straight-line code (see
+      `AbstractSolver`'s `unroll`).
     """
 
     history: int = eqx.field(default=5, static=True)
@@ -265,6 +283,7 @@ class Anderson(AbstractFixedPointSolver):
     tol: float = 1e-5
     max_steps: int = eqx.field(default=100, static=True)
     norm: Callable = eqx.field(default=max_norm, static=True)
+    unroll: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if not (isinstance(self.history, int) and self.history >= 1):
