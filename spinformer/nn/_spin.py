@@ -251,13 +251,15 @@ class TimeSteps(SpinMode):
 
     def decode(self, attention, xh, J, M, pos):
         m = attention.init.decode_start(attention, xh)
-        levels, failed = [], jnp.zeros((), jnp.int32)
+        failed = jnp.zeros((), jnp.int32)
         for k in range(attention.num_steps):
-            M_prev = M[k].at[:, pos].set(m)  # time step k of positions <= pos
-            levels.append(M_prev)
-            m, f = jax.vmap(attention._decode_step)(xh, J, M_prev)
+            # time step k of positions <= pos, written into the cache in place (building
+            # the levels anew and stacking them copied the whole cache: on a GPU each copy
+            # is a kernel of a decode step's few hundred)
+            M = M.at[k, :, pos].set(m)
+            m, f = jax.vmap(attention._decode_step)(xh, J, M[k])
             failed = failed + jnp.sum(f)
-        return m, jnp.stack(levels), failed
+        return m, M, failed
 
 
 class SpinOutput(Choice):
