@@ -124,6 +124,9 @@ def test_unrolled_decode_solver_is_counted_and_agrees():
     _, short = nn.generate(model, prompt, solver=solvers.Picard(tol=1e-6, max_steps=1,
                                                                 unroll=True), **kw)
     assert short["solver_failures"] > 0
+    _, short_ref = nn.generate(model, prompt, incremental=False, solver=solvers.Picard(
+        tol=1e-6, max_steps=1, unroll=True), **kw)
+    assert short_ref["solver_failures"] > 0  # re-solving counts its failed solves too
     swapped = nn.with_solver(model, solvers.Picard(max_steps=3, unroll=True))
     assert swapped.transformer.blocks.attention.solver.max_steps == 3
     with pytest.raises(ValueError, match="solves nothing"):

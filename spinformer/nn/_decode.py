@@ -224,7 +224,7 @@ class _Carry(eqx.Module):
     token buffers `(B, N)` (prompt, generated tokens, then `max_len` of padding), how many
     tokens each holds, the window start, the decoding states (batched; None when
     re-solving), the next tokens' logits `(B, C)`, window restarts and the solver failures
-    of the states already dropped."""
+    of the states already dropped (re-solving: of every call so far)."""
 
     buf: Int[Array, "B N"]
     n: Int[Array, ""]
@@ -240,8 +240,13 @@ def _window(buf, start, L):
 
 
 def _context_logits(model, buf, start, n, L):
-    """Re-solve: the whole window's call, the output at its last real position."""
-    return model(_window(buf, start, L))[n - start - 1]
+    """Re-solve: the whole window's call, the output at its last real position, and the
+    number of the call's solves (per layer and head) that did not converge."""
+    logits, diag = model(_window(buf, start, L), return_diagnostics=True)
+    stats = getattr(diag, "solver", None)
+    failed = (jnp.zeros((), jnp.int32) if stats is None
+              else jnp.sum(stats.result != 0).astype(jnp.int32))
+    return logits[n - start - 1], failed
 
 
 def _sample(logits, temperature, key):
@@ -265,7 +270,8 @@ def _encode(model, blocks, buf, n, start, incremental):
     decoding states (incremental) or None."""
     L = _max_len(model)
     if not incremental:
-        return _rows(lambda b: _context_logits(model, b, start, n, L), buf), None
+        logits, failed = _rows(lambda b: _context_logits(model, b, start, n, L), buf)
+        return logits, jnp.sum(failed)  # re-solving keeps no state: its failures instead
     return _rows(lambda b: _prefill(model, blocks, _window(b, start, L), n - start), buf)
 
 
@@ -273,6 +279,8 @@ def _encode(model, blocks, buf, n, start, incremental):
 def _start(model, blocks, buf, n, start, incremental: bool):
     logits, state = _encode(model, blocks, buf, n, start, incremental)
     zero = jnp.zeros((), jnp.int32)
+    if not incremental:
+        return _Carry(buf, n, start, None, logits, zero, state)
     return _Carry(buf, n, start, state, logits, zero, zero)
 
 
@@ -303,8 +311,8 @@ def _generate_chunk(model, blocks, carry: _Carry, keys, temperature, lead, segme
             return _Carry(buf, n, c.start, state, logits, c.restarts, c.failures)
         restart = n - c.start > L
         start = jnp.where(restart, n - keep, c.start)
-        logits, _ = _encode(model, blocks, buf, n, start, incremental)
-        return _Carry(buf, n, start, None, logits, c.restarts + restart, c.failures)
+        logits, failed = _encode(model, blocks, buf, n, start, incremental)
+        return _Carry(buf, n, start, None, logits, c.restarts + restart, c.failures + failed)
 
     carry = jax.lax.fori_loop(0, lead, body, carry)
     if not incremental:
@@ -374,9 +382,10 @@ def generate(
     branch, which a batch would turn into computing both sides.
 
     **Returns:** `(ids, info)`: the generated ids (a list of `length` ints; for a batch, a
-    list of B such lists) and `{"solver_failures": fixed-point solves that did not converge
-    (incremental spin attention, all rows; 0 otherwise), "restarts": how often the window
-    was restarted}`.
+    list of B such lists) and `{"solver_failures": fixed-point solves that did not converge,
+    all rows (incremental: one per position, head and layer; re-solving: one per window
+    call, head and layer, the padded positions after the last token included; 0 for
+    attentions that solve nothing), "restarts": how often the window was restarted}`.
     """
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise ValueError(f"length={length!r} must be an int >= 0.")
