@@ -145,3 +145,29 @@ def test_save_roundtrip(tmp_path):
     cfg = C.load_config(None, ["train.steps=7", "model.attention=softmax"])
     C.save_config(cfg, tmp_path / "c.yaml")
     assert C.load_config(tmp_path / "c.yaml") == cfg
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # free-energy's closed-form adjoint has no backward linear solve to configure
+        (["model.attention=free_energy", "model.free_energy.adjoint.linear_solver=gmres"],
+         r"adjoint.linear_solver: set to 'gmres', but the adjoint 'saddle_implicit' does not "
+         r"use it \(it takes no options\)"),
+        (["model.spin.adjoint.name=phantom", "model.spin.adjoint.restart=7"],
+         r"adjoint.restart: .*'phantom' does not use it \(it takes damping, steps\)"),
+        (["model.spin.solver.name=broyden", "model.spin.solver.damping=0.5"],
+         r"solver.damping: .*'broyden' does not use it"),
+        (["model.spin.solver.name=broyden", "model.spin.solver.unroll=true"],
+         r"solver.unroll: .*'broyden' does not use it"),
+    ],
+)
+def test_a_solver_key_its_solver_does_not_read_is_refused(overrides, message):
+    """A key of a `solver`/`adjoint` section that the chosen class ignores is an error when
+    it is set away from the family's default; the family's own defaults (spin's GMRES
+    backward solve) stay harmless when a config switches to an adjoint without one."""
+    with pytest.raises(C.ConfigError, match=message):
+        C.load_config(None, overrides)
+    cfg = C.load_config(None, ["model.spin.adjoint.name=phantom"])
+    assert cfg.model.spin.adjoint.linear_solver == "gmres"  # the family default, unread
+    C.load_config(None, ["model.spin.adjoint.name=phantom", "model.spin.adjoint.steps=3"])

@@ -236,6 +236,38 @@ class AdjointOptions(_Named):
         return cls(**_kwargs(cls, dict(steps=self.steps, damping=self.damping)))
 
 
+def _used_keys(options, cls) -> set:
+    """The keys of a solver or adjoint section that building class `cls` reads."""
+    if isinstance(options, AdjointOptions):
+        if cls is Implicit:
+            return {"linear_solver", "tol", "max_steps", "restart", "fallback"}
+        return {k for k in ("steps", "damping") if k in {f.name for f in
+                                                          dataclasses.fields(cls)}}
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {"tol", "max_steps"} | {k for k in ("damping", "history", "unroll") if k in names}
+
+
+def _check_unused(key, options, default, root) -> None:
+    """Refuse a key of the section `key` that its solver or adjoint does not read, when it
+    is set away from the family's default section (a family default such as spin's GMRES
+    backward solve stays harmless when a config switches to an adjoint that has none)."""
+    if not isinstance(default, type(options)):
+        return
+    cls = options._class(root)
+    used = _used_keys(options, cls)
+    for f in dataclasses.fields(options):
+        if f.name == "name" or f.name in used:
+            continue
+        value = getattr(options, f.name)
+        if value != getattr(default, f.name):
+            takes = ", ".join(sorted(used)) if used else "no options"
+            an = "an" if options._WHAT[0] in "aeiou" else "a"
+            raise ConfigError(
+                f"{key}.{f.name}: set to {value!r}, but the {options._WHAT} "
+                f"{options.name!r} does not use it (it takes {takes}); remove the key, or "
+                f"choose {an} {options._WHAT} that takes it.")
+
+
 def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
                   root: bool = False) -> None:
     """Check a family section's `solver` and `adjoint` sub-sections (in its
@@ -248,6 +280,9 @@ def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
         except ConfigError as e:
             raise ConfigError(f"{key}.{e}") from None
     solver_cls = getattr(section, solver)._class(root)
+    defaults = {f.name: f.default for f in dataclasses.fields(section)}
+    for key in (solver, adjoint):
+        _check_unused(key, getattr(section, key), defaults.get(key), root)
     if (getattr(section, adjoint)._class(root) is ReversibleAdjoint
             and not issubclass(solver_cls, Reversible)):
         raise ConfigError(f"{adjoint}.name: {getattr(section, adjoint).name!r} runs the "
