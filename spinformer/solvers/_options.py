@@ -250,9 +250,10 @@ def _used_keys(options, cls) -> set:
 def _check_unused(key, options, default, root) -> None:
     """Refuse a key of the section `key` that its solver or adjoint does not read, when it
     is set away from the family's default section (a family default such as spin's GMRES
-    backward solve stays harmless when a config switches to an adjoint that has none)."""
-    if not isinstance(default, type(options)):
-        return
+    backward solve stays harmless when a config switches to an adjoint that has none), or
+    from the options class's own defaults where the section gives none."""
+    if not isinstance(default, type(options)):  # no family default: the class's own
+        default = type(options)()
     cls = options._class(root)
     used = _used_keys(options, cls)
     for f in dataclasses.fields(options):
@@ -280,7 +281,8 @@ def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
         except ConfigError as e:
             raise ConfigError(f"{key}.{e}") from None
     solver_cls = getattr(section, solver)._class(root)
-    defaults = {f.name: f.default for f in dataclasses.fields(section)}
+    defaults = ({f.name: f.default for f in dataclasses.fields(section)}
+                if dataclasses.is_dataclass(section) else {})
     for key in (solver, adjoint):
         _check_unused(key, getattr(section, key), defaults.get(key), root)
     if (getattr(section, adjoint)._class(root) is ReversibleAdjoint
