@@ -111,24 +111,23 @@ def test_batched_generation_is_each_row_generated_alone():
 
 
 def test_unrolled_decode_solver_is_counted_and_agrees():
-    """`generate(solver=...)` decodes with a loop-free solver (`unroll=True`): enough steps
-    give the default path's text with no failures; too few are counted, never hidden; a
-    model that solves nothing is refused."""
-    model = _lm("spin", dict(update="tap", solver=TIGHT), depth=1)
-    prompt = jnp.asarray([1, 2, 3])
-    kw = dict(length=L + 2, temperature=0.8, key=jax.random.key(2))
-    ref, _ = nn.generate(model, prompt, **kw)
-    fixed, info = nn.generate(model, prompt, solver=solvers.Picard(tol=1e-4, max_steps=6,
-                                                                   unroll=True), **kw)
-    assert fixed == ref and info["solver_failures"] == 0
-    _, short = nn.generate(model, prompt, solver=solvers.Picard(tol=1e-6, max_steps=1,
-                                                                unroll=True), **kw)
-    assert short["solver_failures"] > 0
-    _, short_ref = nn.generate(model, prompt, incremental=False, solver=solvers.Picard(
-        tol=1e-6, max_steps=1, unroll=True), **kw)
-    assert short_ref["solver_failures"] > 0  # re-solving counts its failed solves too
-    swapped = nn.with_solver(model, solvers.Picard(max_steps=3, unroll=True))
-    assert swapped.transformer.blocks.attention.solver.max_steps == 3
+    """A loop-free solver (`unroll=True`) swapped in with `nn.with_solver`: enough steps give
+    the layers' own logits with no failures; too few are counted, never hidden, by the
+    incremental path and by `generate(incremental=False, solver=...)` alike; a model that
+    solves nothing is refused."""
+    model = _lm(*CASES["spin-tap-steady"][:2])
+    tokens = jax.random.randint(jax.random.key(7), (L,), 0, V)
+    ref, _ = decode_all(model, tokens)  # compiled by test_incremental_logits_equal_...
+    fixed, state = decode_all(nn.with_solver(model, solvers.Picard(tol=1e-6, max_steps=16,
+                                                                   unroll=True)), tokens)
+    np.testing.assert_allclose(fixed, ref, atol=2e-5, rtol=0)
+    assert int(state.failures) == 0
+    short = solvers.Picard(tol=1e-6, max_steps=1, unroll=True)
+    assert int(decode_all(nn.with_solver(model, short), tokens)[1].failures) > 0
+    _, info = nn.generate(model, jnp.asarray([1, 2]), length=3, key=jax.random.key(0),
+                          incremental=False, solver=short)
+    assert info["solver_failures"] > 0  # re-solving counts its failed solves too
+    assert nn.with_solver(model, short).transformer.blocks.attention.solver.max_steps == 1
     with pytest.raises(ValueError, match="solves nothing"):
         nn.with_solver(_lm("softmax", {}), solvers.Picard())
     with pytest.raises(ValueError, match="solver"):
