@@ -1053,6 +1053,12 @@ def test_unrolled_loop_matches_the_while_loop(x64):
         fn, jnp.zeros(3), b, solver=S.Picard(tol=1e-6, max_steps=14, unroll=s),
         adjoint=S.Unrolled()).value.sum())(bs[0])
     np.testing.assert_allclose(grad(True), grad(False), rtol=1e-9)
+    # a run-time step budget and the residual trace work the same without the loop
+    traced = [S.fixed_point(fn, jnp.zeros(3), bs[0], solver=S.Picard(
+        tol=1e-6, max_steps=14, unroll=u), trace=True, step_budget=5, throw=False)
+        for u in (True, False)]
+    np.testing.assert_array_equal(traced[0].trace, traced[1].trace)
+    assert int(traced[0].num_steps) == 5
     short = S.Picard(tol=1e-6, max_steps=2, unroll=True)
     sol = S.fixed_point(fn, jnp.zeros(3), bs[0], solver=short, throw=False)
     assert int(sol.num_steps) == 2
