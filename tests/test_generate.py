@@ -219,3 +219,23 @@ def test_generate_command_errors(char_run, tmp_path, capsys):
     cfg = C.load_config(ROOT / "configs" / "quickstart.yaml")
     C.save_config(cfg, brackets / "config.yaml")
     assert "data.task='brackets'" in err(str(brackets), "--prompt", "(")
+
+
+@pytest.mark.parametrize("update", ["tap", "mean_field"])
+def test_decode_row_context_is_the_field_with_the_row_written(update, x64):
+    """Incremental decoding solves row pos from the other rows' sums, computed once
+    (`row_context`): its field equals the field with m written into the cached rows (the
+    default), for a stale row pos in the cache, at two (β, R)."""
+    from spinformer.nn._spin import SpinUpdate, MeanFieldUpdate, TAPUpdate
+
+    upd = {"tap": TAPUpdate(), "mean_field": MeanFieldUpdate()}[update]
+    rng = np.random.default_rng(0)
+    n, d, pos = 9, 5, jnp.int32(6)
+    M = jnp.asarray(rng.normal(size=(n, d)) * 0.3).at[7:].set(0.0)
+    x, m = jnp.asarray(rng.normal(size=d)), jnp.asarray(rng.normal(size=d) * 0.4)
+    J = jnp.asarray(np.abs(rng.normal(size=n)) * 0.4).at[7:].set(0.0)
+    for beta, R in ((1.0, 1.0), (2.0, 1.5)):
+        ref = SpinUpdate.context_field(upd, m, (M, x, J, pos), beta=beta, R=R)
+        ctx = upd.row_context(M, x, J, pos, beta=beta, R=R)
+        np.testing.assert_allclose(upd.context_field(m, ctx, beta=beta, R=R), ref,
+                                   rtol=1e-12, atol=1e-12)

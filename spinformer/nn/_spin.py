@@ -78,6 +78,18 @@ class SpinUpdate(Choice):
         (incremental decoding solves one position at a time)."""
         raise NotImplementedError
 
+    def row_context(self, M, x, J, pos, *, beta, R):
+        """What the steady-state field of row `pos` needs from the cached rows `M (L, D_h)`
+        (incremental decoding), as a pytree of arrays computed once per position; by
+        default the rows themselves."""
+        return (M, x, J, pos)
+
+    def context_field(self, m, ctx, *, beta, R):
+        """The steady-state field `(D_h,)` of row pos at `m`, from `row_context`: by default
+        `row_field` with m written into row pos of the cached rows."""
+        M, x, J, pos = ctx
+        return self.row_field(m, M.at[pos].set(m), x, J, beta=beta, R=R)
+
     def decode_step(self, x, J, M_prev, *, beta, R, solve):
         """One time step of the newest position given every position's previous
         magnetizations `M_prev (L, D_h)`: `(m (D_h,), failed)`."""
@@ -108,6 +120,14 @@ class MeanFieldUpdate(SpinUpdate):
         del m
         return x + J @ M
 
+    def row_context(self, M, x, J, pos, *, beta, R):
+        # the field x + Σ_j J_j m_j with row pos = m: the other rows' sum, once
+        return (x + J @ M - J[pos] * M[pos], J[pos])
+
+    def context_field(self, m, ctx, *, beta, R):
+        base, Jp = ctx
+        return base + Jp * m
+
     def decode_step(self, x, J, M_prev, *, beta, R, solve):
         return vector.magnetization(x + J @ M_prev, beta=beta, R=R), jnp.zeros((), jnp.int32)
 
@@ -130,6 +150,12 @@ class TAPUpdate(SpinUpdate):
 
     def row_field(self, m, M, x, J, *, beta, R):
         return vector._tap_field(m[None], M, x[None], J[None], beta, R)[0]
+
+    def row_context(self, M, x, J, pos, *, beta, R):
+        return vector._tap_row_context(M, x, J, pos, beta, R)
+
+    def context_field(self, m, ctx, *, beta, R):
+        return vector._tap_row_field(m, ctx, beta, R)
 
 
 class SpinInit(Choice):
@@ -693,14 +719,16 @@ class SpinAttention(eqx.Module):
         """Steady state of one head's position `pos`: m = F(m) with the other rows of the
         steady-state map fixed at the cached `M (L, D_h)`; returns `(m (D_h,), failed)`."""
         beta, R = self.beta, self.radius
+        # the other rows' part of the field, summed once: an iteration is then O(D_h²) and
+        # writes no (L, D_h) array (on a GPU, one kernel fewer per iteration and layer)
+        ctx = self.update.row_context(M, x, J, pos, beta=beta, R=R)
 
-        def row_map(m, args):
-            x_, J_, M_ = args
-            theta = self.update.row_field(m, M_.at[pos].set(m), x_, J_, beta=beta, R=R)
+        def row_map(m, ctx_):
+            theta = self.update.context_field(m, ctx_, beta=beta, R=R)
             return vector.magnetization(theta, beta=beta, R=R)
 
         m0 = vector.magnetization(x, beta=beta, R=R)
-        sol = _solve(row_map, m0, (x, J, M), **self._solve_kwargs())
+        sol = _solve(row_map, m0, ctx, **self._solve_kwargs())
         return sol.value, _failed(sol)
 
     def _decode_step(self, x, J, M_prev):
