@@ -719,8 +719,8 @@ class SpinAttention(eqx.Module):
         """Steady state of one head's position `pos`: m = F(m) with the other rows of the
         steady-state map fixed at the cached `M (L, D_h)`; returns `(m (D_h,), failed)`."""
         beta, R = self.beta, self.radius
-        # the other rows' part of the field, summed once: an iteration is then O(D_h²) and
-        # writes no (L, D_h) array (on a GPU, one kernel fewer per iteration and layer)
+        # the other rows' part of the field, summed once: an iteration then writes no
+        # (L, D_h) array (mean field: elementwise; TAP: two (L, D_h) products, not three)
         ctx = self.update.row_context(M, x, J, pos, beta=beta, R=R)
 
         def row_map(m, ctx_):
