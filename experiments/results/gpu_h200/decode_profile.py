@@ -31,7 +31,7 @@ from spinformer import nn, solvers  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 TRACE = "--trace" in sys.argv
-out = pathlib.Path(args[0] if args else "/tmp/decode_profile")
+out = pathlib.Path(args[0] if args else "decode_profile")
 out.mkdir(parents=True, exist_ok=True)
 models = {label.split(",")[0]: m for label, m in g.models(4, 128)}
 picked = {"mf2": models["spin 2 mean-field steps"],
