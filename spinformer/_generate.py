@@ -117,9 +117,7 @@ def generate_text(run_dir, prompt: str, *, length: int = 200, temperature: float
         if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or (
                 decode_steps < 1):
             raise GenerateError(f"--decode-steps {decode_steps!r} must be an int >= 1.")
-        own = [s for s in jax.tree.leaves(
-            model, is_leaf=lambda x: isinstance(x, solvers.AbstractSolver))
-            if isinstance(s, solvers.AbstractSolver)]
+        own = nn._decode.solvers_of(model)
         if not own:
             raise GenerateError("--decode-steps: this model's attention solves nothing; "
                                 "drop the option.")

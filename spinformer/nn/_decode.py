@@ -195,19 +195,20 @@ def with_solver(model, solver):
     if not isinstance(solver, AbstractSolver):
         raise ValueError(f"with_solver: expected a spinformer solver such as "
                          f"solvers.Picard(unroll=True); got {solver!r}.")
-    found = []
-
-    def swap(leaf):
-        if isinstance(leaf, AbstractSolver):
-            found.append(leaf)
-            return solver
-        return leaf
-
-    out = jax.tree.map(swap, model, is_leaf=lambda x: isinstance(x, AbstractSolver))
-    if not found:
+    if not solvers_of(model):
         raise ValueError(f"with_solver: {type(model).__name__} solves nothing (no layer has a "
                          "solver), so there is no solver to replace.")
-    return out
+    return jax.tree.map(lambda leaf: solver if isinstance(leaf, AbstractSolver) else leaf,
+                        model, is_leaf=lambda x: isinstance(x, AbstractSolver))
+
+
+def solvers_of(model) -> list:
+    """The solvers in `model` (each layer's `solver` field), in tree order; empty for a
+    model that solves nothing."""
+    from ..solvers import AbstractSolver
+
+    is_solver = lambda x: isinstance(x, AbstractSolver)  # noqa: E731
+    return [s for s in jax.tree.leaves(model, is_leaf=is_solver) if is_solver(s)]
 
 
 def window_start(n: int, start: int, max_len: int) -> int:

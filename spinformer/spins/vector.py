@@ -232,8 +232,21 @@ def _hessian_contraction(m, g, a, W, m_prev, beta, R):
     Am = a * m - (W * G) @ m_prev
     mAm = a * _sq_norm(m) - jnp.sum(W * G * G, axis=1, keepdims=True)
     trA = D * a - W @ _sq_norm(m_prev)
+    return _hessian_of(m, g, Am, mAm, trA, beta, R)
+
+
+def _hessian_of(m, g, Am, mAm, trA, beta, R):
+    """∇²φ : A from its contractions A m, mᵀ A m and tr A (see `_hessian_contraction`)."""
     c = beta**2 / (R**2 * g * (1.0 + g))
     return beta**2 * (1.0 + 3.0 * g) / (R**4 * g**3) * mAm * m - c * trA * m - 2.0 * c * Am
+
+
+def _onsager(m, g, H, beta, R):
+    """The TAP field's correction Var⁻¹ ∇²φ : A / (2β) from H = ∇²φ : A; rows of m `(..., D)`
+    with γ `g` broadcastable to them."""
+    # Var_i⁻¹ = (1+γ)(1 + (1+γ) m mᵀ / R²)   (Sherman–Morrison on 1/(1+γ) − m mᵀ/(R²γ))
+    vinv_h = (1.0 + g) * (H + (1.0 + g) * jnp.sum(m * H, axis=-1, keepdims=True) * m / R**2)
+    return vinv_h / (2.0 * beta)
 
 
 def _tap_field(m, m_prev, x, J, beta, R):
@@ -244,9 +257,7 @@ def _tap_field(m, m_prev, x, J, beta, R):
     a = J2 @ (1.0 / (1.0 + g_prev))  # (n, 1)
     W = J2 / (R**2 * g_prev[:, 0])[None, :]  # (n, n)
     H = _hessian_contraction(m, g, a, W, m_prev, beta, R)
-    # Var_i⁻¹ = (1+γ)(1 + (1+γ) m mᵀ / R²)   (Sherman–Morrison on 1/(1+γ) − m mᵀ/(R²γ))
-    vinv_h = (1.0 + g) * (H + (1.0 + g) * jnp.sum(m * H, axis=-1, keepdims=True) * m / R**2)
-    return x + matmul_rt(J, m_prev) + vinv_h / (2.0 * beta)
+    return x + matmul_rt(J, m_prev) + _onsager(m, g, H, beta, R)
 
 
 def _tap_row_context(M, x, J, pos, beta, R):
@@ -291,10 +302,8 @@ def _tap_row_field(m, c, beta, R):
     Am = a * m - WG @ c["Mo"] - Wp * msq * m
     mAm = a * msq - jnp.dot(WG, G) - Wp * msq * msq
     trA = D * a - c["T0"] - Wp * msq
-    k = beta**2 / (R**2 * g * (1.0 + g))
-    H = beta**2 * (1.0 + 3.0 * g) / (R**4 * g**3) * mAm * m - k * trA * m - 2.0 * k * Am
-    vinv_h = (1.0 + g) * (H + (1.0 + g) * jnp.dot(m, H) * m / R**2)
-    return c["x"] + c["JM0"] + c["Jp"] * m + vinv_h / (2.0 * beta)
+    H = _hessian_of(m, g, Am, mAm, trA, beta, R)
+    return c["x"] + c["JM0"] + c["Jp"] * m + _onsager(m, g, H, beta, R)
 
 
 def _tap_map(m, args):
