@@ -33,18 +33,19 @@ means over layers), failed solves and skipped steps. A family that cannot run a 
 cell that says why: the grid's `skip` reason, or the library's own error when it refuses to
 build the model (for example, a non-causal attention in a language model).
 
-**Resuming.** Runs go to `--runs/<task>/<family>/lr<factor>_s<seed>` (default
-`runs/zoo`, `runs/zoo_quick` with `--quick`); a finished run (`result.json`) is skipped, a run
-killed midway resumes from its checkpoint, and a run that raised is recorded (`failed.json`,
-with the error) and the grid goes on (`--retry-failed` tries them again). A run that
-outlives the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped
-after the step in flight, checkpointed and recorded as failed with its pace, so one family
-that slows to a crawl mid-training does not hold the grid (`--retry-failed` leaves such runs
-alone; raise the budget to continue them); a run whose step never returns after the stop
-request (a hang in compiled code) is recorded the same way 15 minutes later and its worker
-exits. Several workers may
-share one `--runs` directory: each claims a run with a lock directory (a stale lock of a dead
-process is taken over).
+**Resuming.** Runs go to `--runs/<task>/<family>/lr<factor>_s<seed>` (default `runs/zoo`,
+`runs/zoo_quick` with `--quick`); a finished run (`result.json`) is skipped, a run killed
+midway resumes from its checkpoint, and a run that raised is recorded (`failed.json`, with the
+error) and the grid goes on (`--retry-failed` tries them again). Each outcome is also copied
+into the ledger `--results/ledger/` (the same tree, outcomes only), which is committed with the
+report: a fresh checkout skips what the ledger holds and `report` reads it. A run that outlives
+the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped after the
+step in flight, checkpointed and recorded as failed with its pace, so one family that slows to
+a crawl mid-training does not hold the grid (`--retry-failed` leaves such runs alone; raise the
+budget to continue them); a run whose step never returns after the stop request (a hang in
+compiled code) is recorded the same way 15 minutes later and its worker exits. Several workers
+may share one `--runs` directory: each claims a run with a lock directory (a stale lock of a
+dead process is taken over).
 
 `report` writes `--results` (default `experiments/results/zoo`, `.../zoo_quick` with `--quick`):
 `zoo.md` (the summary table and one table per task), `zoo.json` (every number), `gaps.png`
@@ -84,6 +85,7 @@ GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params",
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
 REFERENCE = "softmax"
+NO_DATA = "the task's data is not available"
 IMAGE_TASKS = ("digits", "fashion_mnist")  # tokens from the model's image stem, not seq_len
 
 
@@ -219,7 +221,7 @@ def plan_cells(grid, tasks, families) -> dict[tuple[str, str], Cell]:
         except (sf.config.ConfigError, OSError, ValueError) as e:
             for fam in families:
                 cells[task, fam] = Cell(task, fam, family_label(grid, task, fam),
-                                        reason=f"the task's data is not available: {e}")
+                                        reason=f"{NO_DATA}: {e}")
             continue
         ref_params = _count(ref_cfg, dataset)
         for fam in families:
@@ -273,8 +275,67 @@ def _match(cfg, dataset, knob: str, target: int):
 
 # ------------------------------------------------------------------------------ the runs
 
-def run_dir(runs: pathlib.Path, task, family, factor, seed) -> pathlib.Path:
-    return runs / task / family / f"lr{factor:g}_s{seed}"
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """Where the grid's runs are. `root/<task>/<family>/lr<factor>_s<seed>/` holds each run
+    (config, logs, checkpoints: local to the machine that trains it). The `ledger` mirrors the
+    same tree with only each run's outcome, `result.json` or `failed.json` (a few KiB a run),
+    and lives beside the report (`--results`), where it is committed: a fresh checkout goes on
+    with the grid instead of training the finished runs again, and `report` rebuilds the table
+    from it. A run counts as finished or failed if either copy says so (the run directory's
+    first). A cell's `choice.json` in the ledger fixes its learning-rate factor where the
+    candidates' own records are not all there (runs recovered from an earlier report)."""
+
+    root: pathlib.Path
+    ledger: Optional[pathlib.Path] = None
+
+    def dir(self, task, family, factor, seed) -> pathlib.Path:
+        return self.root / task / family / f"lr{factor:g}_s{seed}"
+
+    def _copies(self, out: pathlib.Path):
+        yield out
+        if self.ledger is not None:
+            yield self.ledger / out.relative_to(self.root)
+
+    def read(self, out: pathlib.Path, name: str) -> Optional[dict]:
+        """`name` (result.json or failed.json) of the run at `out`, or None."""
+        for d in self._copies(out):
+            if (d / name).exists():
+                return json.loads((d / name).read_text())
+        return None
+
+    def done(self, out: pathlib.Path) -> bool:
+        return any((d / n).exists() for d in self._copies(out)
+                   for n in ("result.json", "failed.json"))
+
+    def publish(self, out: pathlib.Path) -> None:
+        """Copy the run's outcome into the ledger (a result replaces an earlier failure)."""
+        if self.ledger is None:
+            return
+        dst = self.ledger / out.relative_to(self.root)
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in ("result.json", "failed.json"):
+            if (out / name).exists():
+                shutil.copyfile(out / name, dst / name)
+        if (dst / "result.json").exists():
+            (dst / "failed.json").unlink(missing_ok=True)
+
+    def unfail(self, out: pathlib.Path) -> None:
+        for d in self._copies(out):
+            (d / "failed.json").unlink(missing_ok=True)
+
+    def names(self, task, family) -> list[str]:
+        """The run names (`lr<factor>_s<seed>`) of a cell in either place."""
+        found = set()
+        for base in (self.root, self.ledger):
+            if base is not None:
+                found |= {d.name for d in (base / task / family).glob("lr*_s*") if d.is_dir()}
+        return sorted(found)
+
+    def choice(self, task, family) -> Optional[float]:
+        if self.ledger is None or not (self.ledger / task / family / "choice.json").exists():
+            return None
+        return json.loads((self.ledger / task / family / "choice.json").read_text())["factor"]
 
 
 def jobs(grid, cells) -> list[tuple[str, str, Optional[float], int]]:
@@ -290,16 +351,20 @@ def jobs(grid, cells) -> list[tuple[str, str, Optional[float], int]]:
     return out
 
 
-def chosen_factor(grid, runs, task, family) -> tuple[Optional[float], dict]:
+def chosen_factor(grid, runs: Runs, task, family) -> tuple[Optional[float], dict]:
     """`(factor, losses)`: the candidate with the lowest final validation loss once every
-    candidate is finished or failed (None while one is pending; NaN if all failed)."""
+    candidate is finished or failed (None while one is pending; NaN if all failed). Where
+    the ledger fixes the cell's factor (`choice.json`), that factor."""
     losses = {}
+    fixed = runs.choice(task, family)
+    if fixed is not None:
+        return fixed, losses
     for x in grid["lr_factors"]:
-        d = run_dir(runs, task, family, x, grid["seeds"][0])
-        if (d / "result.json").exists():
-            loss = json.loads((d / "result.json").read_text())["val"]["loss"]
+        d = runs.dir(task, family, x, grid["seeds"][0])
+        if (r := runs.read(d, "result.json")) is not None:
+            loss = r["val"]["loss"]
             losses[x] = loss if math.isfinite(loss) else math.inf
-        elif (d / "failed.json").exists():
+        elif runs.read(d, "failed.json") is not None:
             losses[x] = math.inf
         else:
             return None, losses
@@ -428,8 +493,9 @@ class _Budget:
     workers go on and a rerun skips the run."""
 
     def __init__(self, minutes: Optional[float], spent_s: float, out=None,
-                 grace_s: float = 900.0):
+                 grace_s: float = 900.0, publish=None):
         self.minutes, self.out, self.grace_s = minutes, out, grace_s
+        self.publish = publish
         self.left_s = math.inf if minutes is None else 60.0 * minutes - spent_s
         self.fired = self.left_s <= 0  # spent already: the run is not started again
         self._timers: list = []
@@ -457,6 +523,8 @@ class _Budget:
                               f"not return within {self.grace_s:.0f} s of the stop request (a "
                               "hang in compiled code): the worker exited")
             info = _failure(self.out, e)
+            if self.publish is not None:
+                self.publish(self.out)
             release(self.out)
             print(f"zoo: {self.out}: {info['message']}", flush=True)
         finally:
@@ -509,24 +577,29 @@ def cmd_run(args) -> None:
     grid = _grid(args)
     if args.workers > 1:
         return _spawn(args)
-    runs = pathlib.Path(args.runs)
+    runs = _runs(args)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     todo = jobs(grid, cells)
     first = grid["seeds"][0]
     tag = f"[worker {os.getpid()}] " if args.worker else ""
     print(f"{tag}zoo: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
-          f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> {runs}",
+          f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> "
+          f"{runs.root} (outcomes also in {runs.ledger})",
           flush=True)
     if args.retry_failed:  # not the runs stopped by the time budget: they would stop again
         for task, fam, factor, seed in todo:
-            for d in (runs / task / fam).glob(f"lr*_s{seed}/failed.json"):
-                if json.loads(d.read_text()).get("error") != RunOverBudget.__name__:
-                    d.unlink()
+            for name in runs.names(task, fam):
+                out = runs.root / task / fam / name
+                f = runs.read(out, "failed.json")
+                if f is not None and f.get("error") != RunOverBudget.__name__:
+                    runs.unfail(out)
     t_start = time.time()
     while True:
         waiting = progressed = False
         for n, (task, fam, factor, seed) in enumerate(todo):
             cell = cells[task, fam]
+            if factor is not None and runs.choice(task, fam) not in (None, factor):
+                continue  # a candidate of a cell whose factor the ledger fixes: not needed
             if factor is None:
                 factor, _ = chosen_factor(grid, runs, task, fam)
                 if factor is None:  # candidates not finished yet (another worker has them)
@@ -534,8 +607,8 @@ def cmd_run(args) -> None:
                     continue
                 if math.isnan(factor):  # every candidate failed: nothing to train
                     continue
-            out = run_dir(runs, task, fam, factor, seed)
-            if (out / "result.json").exists() or (out / "failed.json").exists():
+            out = runs.dir(task, fam, factor, seed)
+            if runs.done(out):
                 continue
             if not claim(out):
                 waiting = True
@@ -543,19 +616,21 @@ def cmd_run(args) -> None:
             t0 = time.time()
             budget = _Budget(None, 0.0)
             try:
-                if (out / "result.json").exists() or (out / "failed.json").exists():
+                if runs.done(out):
                     continue
                 measure = seed == first and factor == grid["lr_factors"][0]
                 minutes = grid["tasks"][task].get("max_run_minutes",
                                                   grid.get("max_run_minutes"))
                 done = [r for r in _train_records(out) if "time_s" in r]
-                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0, out)
+                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0, out,
+                                 publish=runs.publish)
                 try:
                     if budget.fired:
                         raise KeyboardInterrupt  # recorded below, not trained again
                     budget.start()
                     r = run_one(grid, cell, factor, seed, out, measure_memory=measure)
                     budget.cancel()
+                    runs.publish(out)
                     metric = grid["tasks"][task]["metric"]
                     print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
                           f"{metric} {_fmt_metric(metric, _metric_of(r, metric))} "
@@ -567,10 +642,12 @@ def cmd_run(args) -> None:
                         raise _over_budget(out, minutes)
                     except RunOverBudget as e:
                         info = _failure(out, e)
+                    runs.publish(out)
                     print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
                           f"STOPPED: {info['message']}", flush=True)
                 except Exception as e:  # recorded; the grid goes on
                     info = _failure(out, e)
+                    runs.publish(out)
                     print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
                           f"FAILED after step {info['last_logged_step']}: {info['message']}",
                           flush=True)
@@ -592,7 +669,7 @@ def _spawn(args) -> None:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
     cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
-           "--config", str(args.config)]
+           "--results", args.results, "--config", str(args.config)]
     for opt in ("tasks", "families"):
         if getattr(args, opt):
             cmd += [f"--{opt}", getattr(args, opt)]
@@ -614,15 +691,19 @@ def _spawn(args) -> None:
 
 def cmd_plan(args) -> None:
     grid = _grid(args)
-    runs = pathlib.Path(args.runs)
+    runs = _runs(args)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     ref = {t: cells[t, REFERENCE].params for t in grid["_tasks"]}
     for (task, fam), c in cells.items():
         if c.reason:
             print(f"{task:12s} {fam:20s} empty: {c.reason}")
             continue
-        done = len(list((runs / task / fam).glob("*/result.json")))
-        failed = len(list((runs / task / fam).glob("*/failed.json")))
+        names = runs.names(task, fam)
+        done = sum(runs.read(runs.root / task / fam / n, "result.json") is not None
+                   for n in names)
+        failed = sum(runs.read(runs.root / task / fam / n, "result.json") is None
+                     and runs.read(runs.root / task / fam / n, "failed.json") is not None
+                     for n in names)
         print(f"{task:12s} {fam:20s} {c.params:>8,} params ({c.params / ref[task]:.2f}× "
               f"softmax{'; ' + c.match_note if c.match_note else ''}); {done} done, "
               f"{failed} failed")
@@ -680,7 +761,7 @@ def cmd_cost(args) -> None:
 
 # ------------------------------------------------------------------------------ the report
 
-def collect(grid, runs: pathlib.Path, cells) -> dict:
+def collect(grid, runs: Runs, cells) -> dict:
     """Per cell: the finished results by seed (at the chosen learning rate), the failures,
     the chosen factor and the candidates' validation losses."""
     out = {}
@@ -690,27 +771,25 @@ def collect(grid, runs: pathlib.Path, cells) -> dict:
         out[task, fam] = entry
         if cell.reason:
             continue
-        for d in sorted((runs / task / fam).glob("lr*_s*")):
-            if (d / "failed.json").exists():
-                f = json.loads((d / "failed.json").read_text())
-                entry["failures"].append({"run": d.name, "message": f.get("message"),
+        for name in runs.names(task, fam):
+            d = runs.root / task / fam / name
+            f = runs.read(d, "failed.json")
+            if f is not None and runs.read(d, "result.json") is None:
+                entry["failures"].append({"run": name, "message": f.get("message"),
                                           "last_logged_step": f.get("last_logged_step")})
         factor, losses = chosen_factor(grid, runs, task, fam)
         entry["lr_factor"], entry["candidate_val_loss"] = factor, losses
         if factor is None or math.isnan(factor):
             continue
         for s in grid["seeds"]:
-            p = run_dir(runs, task, fam, factor, s) / "result.json"
-            if p.exists():
-                entry["results"][s] = json.loads(p.read_text())
-        mem = [r.get("step_memory_bytes") for d in (runs / task / fam).glob("lr*_s*")
-               for r in [_maybe_json(d / "result.json")] if r and r.get("step_memory_bytes")]
+            r = runs.read(runs.dir(task, fam, factor, s), "result.json")
+            if r is not None:
+                entry["results"][s] = r
+        mem = [r.get("step_memory_bytes") for n in runs.names(task, fam)
+               for r in [runs.read(runs.root / task / fam / n, "result.json")]
+               if r and r.get("step_memory_bytes")]
         entry["step_memory_bytes"] = mem[0] if mem else None
     return out
-
-
-def _maybe_json(p: pathlib.Path):
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def summarise(grid, data: dict) -> dict:
@@ -795,10 +874,18 @@ def _cell_text(grid, task, s, *, short=False) -> str:
 
 def cmd_report(args) -> None:
     grid = _grid(args)
-    runs = pathlib.Path(args.runs)
+    runs = _runs(args)
     results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    missing = sorted({t for (t, f), c in cells.items()
+                      if c.reason and c.reason.startswith(NO_DATA) and runs.names(t, f)})
+    if missing:  # the report would show their finished runs as empty cells
+        why = cells[missing[0], REFERENCE].reason
+        raise SystemExit(f"zoo report: task(s) {missing} have finished runs but their data is "
+                         f"not on this machine, so their cells cannot be built ({why}). Make the "
+                         "data available, or report the other tasks with --tasks and "
+                         "--results elsewhere; nothing was written.")
     stats = summarise(grid, collect(grid, runs, cells))
     tasks, fams = grid["_tasks"], grid["_families"]
     unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
@@ -969,6 +1056,10 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
 
 
 # ------------------------------------------------------------------------------ command line
+
+def _runs(args) -> Runs:
+    return Runs(pathlib.Path(args.runs), pathlib.Path(args.results) / "ledger")
+
 
 def _grid(args) -> dict:
     grid = load_grid(args.config)

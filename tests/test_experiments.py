@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -229,11 +230,46 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")}
     zoo.main(["run", *args])
     assert {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")} == before
+    # the ledger beside the report holds every outcome: a fresh checkout (no run
+    # directories) trains nothing and reports the same table
+    ledger = results / "ledger"
+    assert sorted(str(p.parent.relative_to(ledger))
+                  for p in ledger.glob("*/*/*/result.json")) == done
+    assert (ledger / "brackets/hopfield/lr3_s0/failed.json").exists()
+    shutil.rmtree(runs)
+    monkeypatch.setattr(zoo, "run_one", None)  # training anything would raise
+    zoo.main(["run", *args])
+    assert not list(runs.glob("*/*/*/result.json"))
+    zoo.main(["report", *args])
+    assert json.loads((results / "zoo.json").read_text()) == stats
+    # a cell whose factor the ledger fixes (runs recovered from an earlier report) skips the
+    # other candidate and trains its other seeds at that factor
+    (ledger / "brackets/hopfield/lr1_s1").rename(tmp_path / "moved")
+    (ledger / "brackets/hopfield/lr3_s0/failed.json").unlink()  # the other candidate
+    (ledger / "brackets/hopfield/choice.json").write_text('{"factor": 1.0}')
+    trained = []
+    monkeypatch.setattr(zoo, "run_one", lambda grid, cell, factor, seed, out, **kw:
+                        trained.append((cell.family, factor, seed)) or real(
+                            grid, cell, factor, seed, out, **kw))
+    zoo.main(["run", *args])
+    assert trained == [("hopfield", 1.0, 1)]
     # the step-cost probe of every live cell, kept for the next call
     zoo.main(["cost", *args])
     costs = json.loads((runs / "step_cost.json").read_text())
     assert set(costs) == {"brackets/softmax", "brackets/hopfield"}
     assert all(c["step_s"] > 0 and c["compile_s"] > 0 for c in costs.values())
+    # without the task's data the cells cannot be built: report refuses rather than writing
+    # the finished runs over as empty cells
+    stamp = (results / "zoo.md").stat().st_mtime
+
+    def no_data(cfg):
+        raise OSError("injected: no data here")
+
+    monkeypatch.setattr(zoo, "_DATASETS", {})
+    monkeypatch.setattr(sf.train, "build_dataset", no_data)
+    with pytest.raises(SystemExit, match="not on this machine.*injected: no data here"):
+        zoo.main(["report", *args])
+    assert (results / "zoo.md").stat().st_mtime == stamp
 
 
 def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
@@ -248,7 +284,7 @@ def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
     path.write_text(yaml.safe_dump(grid))
     runs = tmp_path / "runs"
     args = ["--config", str(path), "--tasks", "brackets", "--families", "softmax",
-            "--runs", str(runs)]
+            "--runs", str(runs), "--results", str(tmp_path / "results")]
     zoo.main(["run", *args])
     out = runs / "brackets" / "softmax" / "lr1_s0"
     failed = json.loads((out / "failed.json").read_text())
