@@ -314,9 +314,12 @@ class Runs:
             return
         dst = self.ledger / out.relative_to(self.root)
         dst.mkdir(parents=True, exist_ok=True)
-        for name in ("result.json", "failed.json"):
-            if (out / name).exists():
-                shutil.copyfile(out / name, dst / name)
+        if (out / "result.json").exists():
+            shutil.copyfile(out / "result.json", dst / "result.json")
+        if (out / "failed.json").exists():  # without the traceback (this machine's paths)
+            info = json.loads((out / "failed.json").read_text())
+            info.pop("traceback", None)
+            (dst / "failed.json").write_text(json.dumps(info, indent=2))
         if (dst / "result.json").exists():
             (dst / "failed.json").unlink(missing_ok=True)
 
@@ -556,7 +559,10 @@ def _over_budget(out: pathlib.Path, minutes: float) -> RunOverBudget:
 
 def _failure(out: pathlib.Path, e: BaseException) -> dict:
     records = _train_records(out)
-    info = {"error": type(e).__name__, "message": failure_message(e)[:500],
+    # paths inside the repository are written relative to it: the message goes into the
+    # committed ledger and report
+    message = failure_message(e).replace(str(ROOT) + os.sep, "")
+    info = {"error": type(e).__name__, "message": message[:500],
             "last_logged_step": records[-1]["step"] if records else None,
             "traceback": traceback.format_exc()[-3000:]}
     out.mkdir(parents=True, exist_ok=True)
@@ -967,6 +973,7 @@ def _task_table(grid, task, fams, stats) -> list[str]:
         ratio = ""
         if metric != "accuracy":
             ratio = ("—" if "ratio" not in s else
+                     f"{s['ratio']:.3f} (1 seed)" if s["gap_n"] < 2 else
                      f"{s['ratio']:.3f} [{s['ratio'] - s['ratio_ci']:.3f}, "
                      f"{s['ratio'] + s['ratio_ci']:.3f}]") + " | "
         lines.append(

@@ -596,7 +596,7 @@ def test_default_solver_converges_where_anderson_stalled():
     the step was skipped. The family's default solver reaches a fixed point that attracts,
     for mean field and TAP. (Whether Anderson stalls depends on the round-off of its first
     steps: it does with XLA's optimisations on, as in training, not with the test suite's
-    quick compiles.)"""
+    quick compiles; with Anderson as the default this test failed.)"""
     import pathlib
 
     from spinformer.spins import ising
@@ -616,9 +616,8 @@ def _check_stalled_systems(data, default, ising):
         def mf(m, _):
             return jnp.tanh(h + J @ m)
 
-        stalled = solvers.fixed_point(mf, jnp.tanh(h), None, throw=False,
-                                      solver=solvers.Anderson(tol=1e-4, max_steps=100))
-        assert int(stalled.result) != 0  # the failure this guards against
+        # (Anderson(tol=1e-4, max_steps=100) stops at max_steps on both here; not asserted,
+        # since another CPU's round-off may let it through)
         sol = solvers.fixed_point(mf, jnp.tanh(h), None, solver=default, throw=False)
         assert int(sol.result) == 0 and float(sol.residual) <= 1e-4
         tap = ising.tap(h, J, solver=default, throw=False)
