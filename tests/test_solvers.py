@@ -1071,3 +1071,52 @@ def test_unrolled_loop_matches_the_while_loop(x64):
 
     with pytest.raises(ConfigError, match="unroll"):
         S.SolverOptions(name="broyden", unroll=True).build()
+
+
+def _dot_precisions(hlo: str) -> list[str]:
+    """The operand precisions of every dot product in a lowered program's text."""
+    import re
+
+    return re.findall(r"dot_general[^\n]*?precision = \[(\w+), \w+\]", hlo)
+
+
+def test_solves_trace_their_products_at_the_solvers_precision():
+    """On NVIDIA GPUs float32 products default to TF32, whose ~1e-3 rounding stalls tight
+    tolerances (H200: the DEQ benchmark's backward solves took 78 products instead of 10).
+    Every product of a solve, forward and backward, map and solver alike, is traced at the
+    solver's `precision` ("highest" by default), whatever the caller's global setting."""
+    W = 0.3 * jnp.eye(6) + 0.05
+    U = jnp.ones((6, 6)) / 6
+
+    def loss(W, solver, adjoint):
+        z = S.fixed_point(lambda z, W: jnp.tanh(W @ z + U @ jnp.ones(6)), jnp.zeros(6), W,
+                          solver=solver, adjoint=adjoint).value
+        return jnp.sum(U @ z)  # a product outside the solve: the caller's precision
+
+    for adjoint in (S.Implicit(), S.Implicit(S.GMRES(restart=3)), S.Unrolled()):
+        with jax.default_matmul_precision("bfloat16"):  # a caller's cheap global default
+            hlo = jax.jit(jax.grad(loss), static_argnums=(1, 2)).lower(
+                W, S.Anderson(), adjoint).as_text()
+            plain = jax.jit(jax.grad(loss), static_argnums=(1, 2)).lower(
+                W, S.Anderson(precision=None), adjoint).as_text()
+        got = _dot_precisions(hlo)
+        # the read-out product (and its transpose) stay at the caller's setting; every other
+        # product (the map, Anderson's Gram matrix, the backward solve) is HIGHEST
+        assert len(got) >= 6 and "DEFAULT" in got, (adjoint, got)
+        assert got.count("HIGHEST") >= len(got) - 2, (adjoint, got)
+        # precision=None leaves the map's products at the caller's setting (GMRES's own
+        # Gram-Schmidt products are always HIGHEST)
+        assert _dot_precisions(plain).count("DEFAULT") >= got.count("DEFAULT") + 3, adjoint
+    # and the answer is unchanged on a CPU, where float32 products are float32 anyway
+    g1 = jax.grad(loss)(W, S.Anderson(), S.Implicit())
+    g2 = jax.grad(loss)(W, S.Anderson(precision=None), S.Implicit())
+    np.testing.assert_allclose(g1, g2, rtol=1e-6)
+
+
+def test_precision_option_checked_and_carried_by_solver_options():
+    with pytest.raises(ValueError, match="precision='tf32'.*tensorfloat32"):
+        S.Picard(precision="tf32")
+    assert S.SolverOptions().build().precision == "highest"
+    assert S.SolverOptions(name="picard", precision=None).build().precision is None
+    assert S.SolverOptions(name="broyden", precision="tensorfloat32").build().precision == \
+        "tensorfloat32"

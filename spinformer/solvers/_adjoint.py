@@ -23,6 +23,7 @@ from ._solvers import (
     _check_damping,
     _FixedPointProblem,
     l2_norm,
+    matmul_precision,
 )
 
 
@@ -274,6 +275,12 @@ def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw):
 @_implicit_identity.def_bwd
 def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw):
     del residuals
+    # the backward solve's own products at the forward solver's precision
+    with matmul_precision(vjp_arg[0].precision):
+        return _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw)
+
+
+def _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw):
     prob = vjp_arg[0]
     # Only the leaves being differentiated get a cotangent (skips, e.g., a fixed J).
     diff, static = eqx.partition(vjp_arg[:2], perturbed[:2])

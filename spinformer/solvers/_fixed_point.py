@@ -26,6 +26,7 @@ from ._solvers import (
     _BestSoFar,
     _FixedPointProblem,
     _RootProblem,
+    matmul_precision,
 )
 
 
@@ -215,6 +216,16 @@ def _check_budget(name, step_budget):
 @eqx.filter_jit
 def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget=None,
            trace=False):
+    # Everything traced here (the map, the loop, the adjoint's forward part) uses the
+    # solver's matrix-product precision; the map is traced once (closure conversion), so its
+    # products keep it wherever the problem is evaluated, in the backward pass too.
+    with matmul_precision(solver.precision):
+        return _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw,
+                             verbose, budget, trace)
+
+
+def _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget,
+                  trace):
     x0_flat, unravel = ravel_pytree(x0)
     x0_flat = jax.lax.stop_gradient(x0_flat)
 
@@ -224,7 +235,7 @@ def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, bud
     # Closed-over arrays (e.g. model parameters captured by `fn`) become explicit leaves, so
     # the implicit adjoint can differentiate with respect to them.
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
-    prob = problem_cls(fn_conv)
+    prob = problem_cls(fn_conv, solver.precision)
     loop = _make_loop(solver, throw, verbose, name, trace)
 
     def run_loop(p, a, *, differentiable, last=False):

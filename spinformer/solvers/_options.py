@@ -23,7 +23,7 @@ from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Unrolled
 from ._linear import Auto, BiCGStab, Dense, GMRES
 from ._reversible import Reversible, ReversibleAdjoint
 from ._solvers import (AbstractRootFinder, AbstractSolver, Anderson, Broyden, JaxoptAnderson,
-                       Newton, Picard)
+                       Newton, Picard, PRECISIONS)
 
 __all__ = ["AdjointOptions", "SolverOptions", "check_options", "register_adjoint",
            "register_solver"]
@@ -125,8 +125,10 @@ class SolverOptions(_Named):
     (on the max-norm residual) and `max_steps`, and the options some solvers take:
     `damping` (picard, anderson, newton, reversible: the fraction of the old iterate kept) and `history`
     (anderson: residuals kept; broyden: rank-one updates kept before a restart, i.e. limited
-    memory; null: each solver's own default, Anderson's 5 and Broyden's dense estimate), and
-    `unroll` (picard, anderson: exactly `max_steps` iterations without a while loop).
+    memory; null: each solver's own default, Anderson's 5 and Broyden's dense estimate),
+    `unroll` (picard, anderson: exactly `max_steps` iterations without a while loop), and
+    `precision` (the solve's matrix-product precision, `"highest"` by default; see
+    `AbstractSolver`).
     """
 
     _WHAT, _TABLE = "solver", _SOLVERS
@@ -144,6 +146,11 @@ class SolverOptions(_Named):
     unroll: bool = option(False, "picard, anderson: run exactly max_steps iterations as "
                           "straight-line code, no while loop (small solves on a GPU); the "
                           "residual is checked once, at the end")
+    precision: Optional[str] = option("highest", "matrix-product precision of the solve "
+                                      "(jax.default_matmul_precision): highest makes float32 "
+                                      "products float32 on GPUs too, whose default TF32 "
+                                      "rounding (~1e-3) stalls tight tolerances; null: the "
+                                      "caller's setting", choices=lambda: (*PRECISIONS, None))
 
     def __post_init__(self):
         if not self.tol > 0:
@@ -157,7 +164,7 @@ class SolverOptions(_Named):
     def build(self, *, root: bool = False) -> AbstractSolver:
         """The solver object (`root=True`: refuse a fixed-point-only solver)."""
         cls = self._class(root)
-        values = dict(tol=self.tol, max_steps=self.max_steps)
+        values = dict(tol=self.tol, max_steps=self.max_steps, precision=self.precision)
         if self.damping is not None:
             values["damping"] = self.damping
         if self.history is not None:
