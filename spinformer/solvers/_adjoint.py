@@ -88,6 +88,9 @@ class Implicit(AbstractAdjoint):
       and one failed system of 64 costs one system's fallback. The better of the two
       answers is kept.
 
+    The backward solve's products are traced at the forward solver's `precision` (float32
+    products by default, also on GPUs; see `AbstractSolver`).
+
     A backward solve that misses its tolerance (checked on the true residual, after the
     solve and the fallback) raises when the forward call had `throw=True`, and otherwise
     makes the gradients NaN. It never returns silent zeros.
