@@ -121,7 +121,7 @@ class AbstractSolver(eqx.Module):
     `experiments/bench/adjoint.py`). On a CPU float32 products are float32 anyway and the
     setting changes nothing. `None` keeps the caller's setting (for example TF32, for large
     products where speed matters more than a tight tolerance; then set `tol` above
-    about 1e-3). Operands in bfloat16 stay bfloat16.
+    about 1e-3).
     """
 
     #: run exactly `max_steps` iterations without a while loop (`Picard`, `Anderson`)
