@@ -299,6 +299,22 @@ def test_resume_may_change_the_mesh_and_nothing_else(tmp_path, monkeypatch):
     assert _experiment._resumable("train.mesh.data") and not _experiment._resumable("train.meshy")
 
 
+def test_resume_ignores_the_sections_of_other_attentions(tmp_path, monkeypatch):
+    """A run saved before a default of another family's section changed (the zoo's
+    free-energy runs across the Boltzmann solver's new default) resumes; a change in the
+    run's own attention section is still refused."""
+    calls = stub_fit(monkeypatch)
+    saved = tiny_cfg({"model.boltzmann.solver.name": "anderson"})
+    d = fill(tmp_path / "run", {"config.yaml": "same", "metrics.jsonl": "{}\n"}, saved)
+    train.run(saved.replace({"model.boltzmann.solver.name": "picard",
+                             "model.boltzmann.solver.damping": 0.2}), d, resume=True)
+    assert len(calls) == 1
+    own = tiny_cfg({"model.attention": "boltzmann", "model.boltzmann.solver.name": "anderson"})
+    d2 = fill(tmp_path / "run2", {"config.yaml": "same", "metrics.jsonl": "{}\n"}, own)
+    refused(lambda: train.run(own.replace({"model.boltzmann.solver.name": "picard"}), d2,
+                              resume=True), "differs", "model.boltzmann.solver.name")
+
+
 def test_cli_reports_run_dir_faults_in_one_line(tmp_path, capsys, monkeypatch):
     forbid_building(monkeypatch)
     cfg = tiny_cfg()

@@ -250,9 +250,14 @@ def _resumable(key: str) -> bool:
 
 def _changed_keys(saved: pathlib.Path, cfg: "_config.Config") -> list[str]:
     """The dotted keys at which `cfg` differs from the config saved in `saved`, apart from
-    those that may change on --resume."""
+    those that may change on --resume and those of the attention sections (`model.<name>`)
+    that the run's attention does not read: a default changed in another family's section
+    (say, Boltzmann attention's solver) must not stop a run of this family from resuming."""
     old = _config.to_dict(_config.load_config(saved))
-    return [k for k in _diff(old, _config.to_dict(cfg)) if not _resumable(k)]
+    unused = tuple(f"model.{name}." for name, _, _ in _config.ModelConfig._open_sections()
+                   if name != cfg.model.attention)
+    return [k for k in _diff(old, _config.to_dict(cfg))
+            if not _resumable(k) and not k.startswith(unused)]
 
 
 def _run_contents(out: pathlib.Path, cfg: "_config.Config") -> list[str]:
