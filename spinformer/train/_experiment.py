@@ -321,9 +321,10 @@ def check_run_dir(out_dir, cfg: "_config.Config", *, resume: bool = False,
       directory with only other files (logs, notes), an empty `metrics.jsonl` or the same
       config is used as it is.
     - With `resume`, the saved `config.yaml` must equal `cfg` apart from `train.progress`,
-      `description`, `train.mesh` (and its keys: a run may resume on other devices) and
+      `description`, `train.mesh` (and its keys: a run may resume on other devices),
       `train.steps`, which may grow (a finished run continued; not below its newest
-      checkpoint's step).
+      checkpoint's step), and the sections of attentions other than the run's
+      (`model.<name>`, which its model does not read).
     - With `write` (the process that writes; with several processes only process 0), the
       directory is created with its parents and probed: a small file is written, synced and
       removed. A directory that cannot be created or written (permission denied, read-only
