@@ -254,7 +254,7 @@ def _changed_keys(saved: pathlib.Path, cfg: "_config.Config") -> list[str]:
     that the run's attention does not read: a default changed in another family's section
     (say, Boltzmann attention's solver) must not stop a run of this family from resuming."""
     old = _config.to_dict(_config.load_config(saved))
-    unused = tuple(f"model.{name}." for name, _, _ in _config.ModelConfig._open_sections()
+    unused = tuple(f"model.{name}." for name, _ in cfg.model.sections
                    if name != cfg.model.attention)
     return [k for k in _diff(old, _config.to_dict(cfg))
             if not _resumable(k) and not k.startswith(unused)]
