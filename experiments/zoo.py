@@ -486,12 +486,13 @@ class RunOverBudget(RuntimeError):
 
 
 class _Budget:
-    """Sends this process SIGINT once a run has used `minutes` of wall time in all (the time
+    """Asks the trainer to stop (`sf.train.StopSignals.request`, what SIGINT does, without a
+    signal, which Python can drop) once a run has used `minutes` of wall time in all (the time
     of earlier, resumed attempts included): the trainer checkpoints after the step in flight
     and stops, and `fired` tells the grid it was the budget. A no-op for `minutes` None.
 
-    A step that never returns (a hang inside compiled code never gets back to Python, where
-    the interrupt is handled) would hold the worker for good: `grace_s` after the interrupt,
+    A step that never returns (a hang inside compiled code never gets back to the loop, where
+    the request is read) would hold the worker for good: `grace_s` after the request,
     the run is recorded as failed and the process exits with code 3, so the grid's other
     workers go on and a rerun skips the run."""
 
@@ -518,7 +519,7 @@ class _Budget:
         self.fired = True
         if self.out is not None:
             self._arm(self.grace_s, self._abandon)
-        os.kill(os.getpid(), signal.SIGINT)
+        sf.train.StopSignals.request(signal.SIGINT)
 
     def _abandon(self):
         try:
@@ -536,6 +537,8 @@ class _Budget:
     def cancel(self):
         for t in self._timers:
             t.cancel()
+        if self.fired:  # a request the trainer never took up must not stop the next run
+            sf.train.StopSignals.withdraw()
 
 
 def _over_budget(out: pathlib.Path, minutes: float) -> RunOverBudget:

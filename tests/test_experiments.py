@@ -302,22 +302,21 @@ def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
 
 
 def test_zoo_budget_abandons_a_run_whose_step_never_returns(tmp_path):
-    """If the interrupt of the time budget is never handled (a hang in compiled code), the
-    run is recorded as failed and the worker process exits, so the grid goes on."""
+    """If the stop request of the time budget is never taken up (a hang in compiled code),
+    the run is recorded as failed and the worker process exits, so the grid goes on."""
     import subprocess
 
     out = tmp_path / "t" / "f" / "lr1_s0"
     out.mkdir(parents=True)
     script = f"""
-import signal, sys, time, pathlib
+import sys, time, pathlib
 sys.path.insert(0, {str(ROOT / "experiments")!r})
 import zoo
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop request is never acted on
 out = pathlib.Path({str(out)!r})
 assert zoo.claim(out)
 budget = zoo._Budget(1e-4, 0.0, out, grace_s=0.5)
 budget.start()
-time.sleep(60)
+time.sleep(60)  # a step that never returns: no loop ever reads the request
 """
     t0 = __import__("time").time()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

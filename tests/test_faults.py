@@ -1120,3 +1120,38 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     ack = [t for t, x in lines if "SIGINT received" in x]
     assert ack and ack[0] - sent < 1.0  # acknowledged at once, while compiling
     assert "SIGINT again: stopping now" in err and "Traceback" not in err
+
+
+def test_stop_requests_reach_the_active_loop_or_wait_for_the_next():
+    """`StopSignals.request` (the zoo's time budget uses it; a signal's handler can run inside
+    a finalizer, where its KeyboardInterrupt is dropped) sets the innermost active loop's
+    `received` from another thread; made with no loop active it waits for the next loop to
+    enter, and `withdraw` forgets it. A real signal still sets `received` once, and a second
+    one interrupts at once."""
+    import threading
+
+    from spinformer.train import StopSignals
+
+    with StopSignals() as outer:
+        with StopSignals() as inner:
+            t = threading.Thread(target=StopSignals.request, args=(signal.SIGTERM,))
+            t.start()
+            t.join()
+            assert inner.received == signal.SIGTERM and outer.received is None
+        StopSignals.request()
+        assert outer.received == signal.SIGINT
+    StopSignals.request(signal.SIGTERM)  # no loop active: kept for the next one
+    with StopSignals() as nxt:
+        assert nxt.received == signal.SIGTERM
+    with StopSignals() as later:  # taken up once
+        assert later.received is None
+    StopSignals.request()
+    StopSignals.withdraw()
+    with StopSignals() as after:
+        assert after.received is None
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # (the handler runs at the next bytecode)
+        assert after.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)

@@ -41,7 +41,18 @@ class StopSignals:
     """While active, SIGTERM and SIGINT only set `received` (the loop checkpoints and stops
     after the step in flight); a second signal interrupts at once. Inactive outside the main
     thread, where Python cannot install handlers. Used by `fit` and by experiments with their
-    own loops (`with StopSignals() as stop: ... if stop.received: save and stop`)."""
+    own loops (`with StopSignals() as stop: ... if stop.received: save and stop`).
+
+    `StopSignals.request()` asks the same from any thread without a signal (a time budget's
+    timer, for example): it sets `received` of the innermost active instance, or, when none
+    is active, is kept for the next one to enter, until `StopSignals.withdraw()`. A signal is
+    not a reliable messenger for this: Python runs its handler in whatever code the main
+    thread executes next, and a `KeyboardInterrupt` raised inside a finalizer is printed and
+    dropped."""
+
+    _lock = threading.Lock()
+    _active: list = []
+    _pending: Optional[int] = None
 
     def __init__(self):
         self.received: Optional[int] = None
@@ -51,6 +62,10 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.old[sig] = signal.signal(sig, self._handle)
+        with StopSignals._lock:
+            if StopSignals._pending is not None:
+                self.received, StopSignals._pending = StopSignals._pending, None
+            StopSignals._active.append(self)
         return self
 
     def _handle(self, signum, frame):
@@ -59,9 +74,29 @@ class StopSignals:
         self.received = signum
 
     def __exit__(self, *exc):
+        with StopSignals._lock:
+            if self in StopSignals._active:
+                StopSignals._active.remove(self)
         for sig, old in self.old.items():
             signal.signal(sig, old)
         return False
+
+    @classmethod
+    def request(cls, signum: int = signal.SIGINT) -> None:
+        """Ask the active loop to stop after the step in flight, as `signum` would (any
+        thread); with no loop active, the next one to start stops after its first step."""
+        with cls._lock:
+            if cls._active:
+                if cls._active[-1].received is None:
+                    cls._active[-1].received = signum
+            else:
+                cls._pending = signum
+
+    @classmethod
+    def withdraw(cls) -> None:
+        """Forget a `request()` that no loop has taken up yet."""
+        with cls._lock:
+            cls._pending = None
 
 
 def _read_records(path: pathlib.Path) -> list[dict]:
