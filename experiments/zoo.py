@@ -677,6 +677,12 @@ def _spawn(args) -> None:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
+    # LAPACK single-threaded as well. A free-energy worker (the family whose steps call
+    # LAPACK: Cholesky factorisations and triangular solves) hung for 35 min inside a
+    # training step with every thread idle: the main thread waiting for a result, XLA's and
+    # OpenBLAS's worker threads all waiting for work. Suspected, not proven, to come from
+    # OpenBLAS's own thread pool under XLA's; the time budget catches a hang that recurs.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
            "--results", args.results, "--config", str(args.config)]
     for opt in ("tasks", "families"):

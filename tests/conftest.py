@@ -21,8 +21,35 @@ if os.environ.get("SPINFORMER_TEST_OPTIMIZED", "") in ("", "0"):
     if "xla_cpu_use_fusion_emitters" not in _flags:
         os.environ["XLA_FLAGS"] = f"{_flags} --xla_cpu_use_fusion_emitters=false".strip()
 
+# One persistent compilation cache for the whole run, shared by the xdist workers and the
+# subprocesses the tests start (the CLI, the experiments): a program compiled by one test is
+# read back by every other that builds the same one. Most of the suite's compiles repeat a
+# program another test (or another run of the same cell, learning rate or seed) compiled
+# already; `jax.clear_caches()` after each module (below) would otherwise throw those away.
+# The cache holds compiled code only (tracing still happens, so no test's behaviour
+# changes); an entry read while another process writes it fails to decompress, and JAX then
+# warns and compiles. A fresh directory per run (made by the controlling process, inherited
+# by the workers through the environment, removed at its end), so a run's time always
+# includes its compiles. SPINFORMER_TEST_CACHE=0 turns it off.
+_CACHE_OWNER = False
+if (os.environ.get("SPINFORMER_TEST_CACHE", "") not in ("0",)
+        and "JAX_COMPILATION_CACHE_DIR" not in os.environ):
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="spinformer-test-xla-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    _CACHE_OWNER = True
+
 import jax
 import pytest
+
+
+def pytest_unconfigure(config):
+    if _CACHE_OWNER and not hasattr(config, "workerinput"):  # the controlling process
+        import shutil
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
