@@ -582,7 +582,28 @@ def _fmt_metric(metric, value) -> str:
     return f"{100 * value:.1f}%" if metric == "accuracy" else f"{value:.4g}"
 
 
+def _pin_to_one_cpu() -> None:
+    """Run this worker on one CPU (the `ZOO_WORKER_INDEX`-th of those it may use), before
+    JAX starts its CPU backend, whose intra-op thread pool then has a single thread.
+
+    With a pool of two threads (2 cores), free-energy training steps deadlocked: jaxlib's
+    batched LAPACK kernels (here the Cholesky factorisation, `lapack_spotrf_ffi`) split their
+    batch over the same pool that runs them (`jax::ParallelBatchMap`) and wait for the parts;
+    with two factorisations running at once, each on one of the pool's two threads, both
+    wait for parts queued behind the other, and the step never returns (every thread idle;
+    native stacks taken with gdb, jaxlib 0.10). A pool of one thread runs the parts inline
+    and cannot wedge. It also keeps each worker to the one core `--workers` promises."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        index = int(os.environ.get("ZOO_WORKER_INDEX", os.getpid()))
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+
+
 def cmd_run(args) -> None:
+    if args.worker:
+        _pin_to_one_cpu()
     grid = _grid(args)
     if args.workers > 1:
         return _spawn(args)
@@ -677,12 +698,7 @@ def _spawn(args) -> None:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
-    # LAPACK single-threaded as well. A free-energy worker (the family whose steps call
-    # LAPACK: Cholesky factorisations and triangular solves) hung for 35 min inside a
-    # training step with every thread idle: the main thread waiting for a result, XLA's and
-    # OpenBLAS's worker threads all waiting for work. Suspected, not proven, to come from
-    # OpenBLAS's own thread pool under XLA's; the time budget catches a hang that recurs.
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # (each worker pins itself to one CPU)
     cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
            "--results", args.results, "--config", str(args.config)]
     for opt in ("tasks", "families"):
@@ -692,7 +708,7 @@ def _spawn(args) -> None:
         cmd.append("--retry-failed")
     procs = []
     for i in range(args.workers):
-        procs.append(subprocess.Popen(cmd, env=env))
+        procs.append(subprocess.Popen(cmd, env=dict(env, ZOO_WORKER_INDEX=str(i))))
         time.sleep(2.0)  # let the first claim its run before the next scans
     try:
         codes = [p.wait() for p in procs]
