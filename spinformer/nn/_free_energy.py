@@ -21,6 +21,10 @@ The saddle is solved by a damped Newton method that keeps diag(t) − J positive
 differentiated implicitly with the closed-form Hessian (O(n³) per step, independent of D). A
 failed saddle is reported in the diagnostics (and raises with `throw=True`); its output is
 zero and passes no gradient, never NaN.
+
+On a CPU with few cores, jaxlib 0.10's batched Cholesky can deadlock XLA's thread pool
+inside a training step (seen on 2 cores at batch 32, 4 heads, 32 tokens); pinning the
+process to one CPU avoids it (docs/guides/installing.md, "Known problem").
 """
 
 from __future__ import annotations
