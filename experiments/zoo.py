@@ -698,7 +698,6 @@ def _spawn(args) -> None:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # (each worker pins itself to one CPU)
     cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
            "--results", args.results, "--config", str(args.config)]
     for opt in ("tasks", "families"):
