@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from .. import _toolchain
 from . import _checkpoint as ckpt
 from . import _mesh, _orbax
 from ._figures import plot_run
@@ -280,6 +281,7 @@ def fit(
     **Returns:** `(model, summary)` where `summary` is what `summary.json` holds.
     """
     out = pathlib.Path(out_dir)
+    _toolchain.check_jaxlib()
     writer = _mesh.is_writer()
     if writer:
         out.mkdir(parents=True, exist_ok=True)
