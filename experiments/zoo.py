@@ -592,7 +592,9 @@ def _pin_to_one_cpu() -> None:
     with two factorisations running at once, each on one of the pool's two threads, both
     wait for parts queued behind the other, and the step never returns (every thread idle;
     native stacks taken with gdb, jaxlib 0.10). A pool of one thread runs the parts inline
-    and cannot wedge. It also keeps each worker to the one core `--workers` promises."""
+    and cannot wedge. The project's bounds now exclude jaxlib 0.10, so the pin matters for
+    an environment that has it anyway; it also keeps each worker to the one core
+    `--workers` promises, so that parallel workers do not share cores."""
     if not hasattr(os, "sched_setaffinity"):
         return
     cpus = sorted(os.sched_getaffinity(0))
