@@ -2,7 +2,6 @@
 first-order Plefka[t−1,t] delayed correlations and entropy production (`vector`) against
 Monte Carlo of the parallel kinetics (`samplers.simulate_vector_kinetics`)."""
 
-import contextlib
 from functools import partial
 
 import jax
@@ -16,20 +15,10 @@ from spinformer.spins import samplers, vector
 
 # long Monte Carlo chains: optimised code saves more than its compile costs
 pytestmark = pytest.mark.usefixtures("optimized_compiles")
-
-
-@contextlib.contextmanager
-def _unoptimized():
-    """Compile the short programs (one draw of every sampler, one step of the kinetics)
-    without XLA's optimisations after all: there the compile is the bulk (measured: the
-    samplers' program 17 s unoptimised against 47 s optimised, one kinetics step 4 s
-    against 10 s, runs included)."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", old)
+# ... except the short programs (one draw of every sampler, one step of the kinetics), which
+# compile without them (`xla_optimizations(False)`): there the compile is the bulk (measured:
+# the samplers' program 17 s unoptimised against 47 s optimised, one kinetics step 4 s
+# against 10 s, runs included).
 
 # ----------------------------------------------------------------------------- sampler
 
@@ -52,13 +41,13 @@ def _directions(rng, D, k):
 
 
 @pytest.fixture(scope="module")
-def vmf_samples():
+def vmf_samples(xla_optimizations):
     """For every D: fields of concentration κ = βR‖θ‖ ∈ VMF_KAPPAS in random directions,
     and `VMF_SAMPLES` spins in each, drawn in one compiled call."""
     rng = np.random.default_rng(0)
     thetas = [(_directions(rng, D, len(VMF_KAPPAS)) * VMF_KAPPAS[:, None] / (VMF_BETA * VMF_R))
               .astype(np.float32) for D in VMF_DIMS]
-    with _unoptimized():
+    with xla_optimizations(False):
         samples = _vmf_batch(jax.random.key(0), [jnp.asarray(t) for t in thetas])
     return {D: (t, np.asarray(s, np.float64)) for D, t, s in zip(VMF_DIMS, thetas, samples)}
 
@@ -275,7 +264,7 @@ def _pad(a, rows, cols=None):
     return np.pad(a, ((0, N - rows), (0, 0 if cols is None else N - cols)))
 
 
-def test_transient_sigma_can_be_negative():
+def test_transient_sigma_can_be_negative(xla_optimizations):
     """Off the steady state σ_t = β Σ (J_ij − J_ji) D_ij,t is not the entropy production
     (the field and log-normaliser terms of the transition log-ratio no longer cancel), and
     it can be negative — in the first-order formula and in the exact (MC) delayed
@@ -286,7 +275,7 @@ def test_transient_sigma_can_be_negative():
     J = _pad(np.array([[0.0, 1.0], [0.9, 0.0]], np.float32), 2, 2)
     x = np.zeros((N, DIM), np.float32)
     x[0, 0] = 3.0
-    with _unoptimized():
+    with xla_optimizations(False):
         first = _mc(5, x, J, steps=1, burn=0, chains=4096, groups=16)  # m_1 and D_ij,1
         raw = _mc(6, x, J, steps=1, burn=0, chains=4096, groups=16, rao_blackwell=False)
     _, s_first = _first_order(first["m"], J, m_prev=np.zeros((N, DIM)))
