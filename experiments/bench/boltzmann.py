@@ -9,7 +9,8 @@ h·s + ½ sᵀJs. Both are jitted, compiled before timing, run alternately, and 
 the per-round ratios per-query time / ours is reported. Target: ratio >= 5 at T = 16, causal.
 
 Then the useful FLOP rate of the forward pass (causal and non-causal, T = 16 and 20, one
-query per position) as a fraction of a float32 2048³ matmul's rate measured in the same run.
+query per position; and T = 16 causal for a batch of 16 sequences sharing the couplings, as
+in an attention layer) as a fraction of a float32 2048³ matmul's rate measured in the same run.
 Useful FLOPs are those of plain enumeration's products: 4·n·2^n per query with n visible
 positions (the field term h·s and the mean Σ p·s, 2n each per configuration); exponentials,
 the shared coupling energy and masking are not counted. Target: causal >= 30%.
@@ -124,23 +125,31 @@ def useful_flops(T, causal, Q=None):
     return float(np.sum(4.0 * n * 2.0**n))
 
 
-def flop_rates(repeats):
-    rates = []
+def flop_rates(repeats, batch=16):
+    """One query per position, alone (T = 16, 20), and a batch of `batch` sequences sharing
+    the couplings (T = 16 causal under vmap, an attention layer's case: the batch's columns
+    share the tables)."""
+    rows = []
     peak = matmul_rate(3)
-    for T in (16, 20):
+    cases = [(T, causal, 1) for T in (16, 20) for causal in (True, False)] + [(16, True, batch)]
+    for T, causal, B in cases:
         h, J = problem(T, seed=2)
-        for causal in (True, False):
-            f = jax.jit(lambda h_, J_, c=causal: boltzmann_marginals(h_, J_, causal=c))
-            jax.block_until_ready(f(h, J))
-            reps = repeats if T < 20 or causal else max(3, repeats // 2)
-            t = statistics.median(time_call(f, h, J) for _ in range(reps))
-            rates.append((T, causal, useful_flops(T, causal) / t, t))
+        one = lambda h_, J_, c=causal: boltzmann_marginals(h_, J_, causal=c)
+        if B > 1:
+            h = jnp.broadcast_to(h, (B, T, T)) + 0.1 * jnp.arange(B, dtype=h.dtype)[:, None, None]
+            one = jax.vmap(one, in_axes=(0, None))
+        f = jax.jit(one)
+        jax.block_until_ready(f(h, J))
+        reps = repeats if T < 20 or causal else max(3, repeats // 2)
+        t = statistics.median(time_call(f, h, J) for _ in range(reps))
+        rows.append((T, causal, B, B * useful_flops(T, causal), t))
     peak = max(peak, matmul_rate(3))  # before and after, the better of the two
     print(f"float32 2048^3 matmul: {peak / 1e9:.1f} GFLOP/s (best of two medians)")
-    for T, causal, rate, t in rates:
-        print(f"T={T:2d} causal={causal!s:5}  forward {t * 1e3:8.2f} ms   useful "
-              f"{useful_flops(T, causal) / 1e6:8.1f} MFLOP   {rate / 1e9:6.2f} GFLOP/s = "
-              f"{100 * rate / peak:5.1f}% of the matmul's rate")
+    for T, causal, B, flops, t in rows:
+        what = f"batch {B:2d}" if B > 1 else "alone   "
+        print(f"T={T:2d} causal={causal!s:5} {what} forward {t * 1e3:8.2f} ms   useful "
+              f"{flops / 1e6:8.1f} MFLOP   {flops / t / 1e9:6.2f} GFLOP/s = "
+              f"{100 * flops / t / peak:5.1f}% of the matmul's rate")
 
 
 def big(T, repeats):

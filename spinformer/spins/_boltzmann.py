@@ -16,11 +16,14 @@ s_k = 1 − 2·bit_k as in `ising`):
 - Split the positions into the first r (the rows of a table, all 2^r configurations a) and
   the rest (configuration b fixed per column). For query q and b the log-weights are
   a·g + ½ aᵀJ_RR a + c with g = h_q,R + J_RH s(b) and c = h_q,H·s(b) + ½ s(b)ᵀJ_HH s(b): one
-  table column per (query, b), every column of the table filled by one matrix product
-  S_R gᵀ plus the shared coupling energy, and the column's marginals of a by one more
-  (S_Rᵀ e). A query's log-sum-exp and marginals combine its columns. With three-body
-  couplings a column also carries a pair term aᵀW(b)a (one more product, over the 2^r × r²
-  pair features).
+  table column per (query, b), the whole table (field term, c and the shared coupling energy)
+  filled by one matrix product [g | c | 1] @ [S_Rᵀ; 1; ½ aᵀJ_RR a], and every column's
+  partition sum and marginals of a by one more (e @ [S_R | 1]). In memory a column is a
+  contiguous row of 2^r entries, so both products contract the last axis (the orientation
+  XLA:CPU runs fastest) and the table is passed over three times: product, exponential,
+  product. A query's log-sum-exp and marginals combine its columns. With three-body
+  couplings a column also carries a pair term aᵀW(b)a (r² more coefficients in the first
+  product, over the 2^r × r² pair features).
 - A causal query with n visible positions needs only the configurations whose hidden bits
   are 0: hidden spins sit at +1, which adds to the shared energy a term linear in the
   visible spins (with K, also a pairwise one); `_corrections` subtracts it from the query's
@@ -138,10 +141,14 @@ def _column_plan(n_vis: np.ndarray, T: int):
 def _column_stats(S_R, pairs, masked):
     """(g, c, base, W, lim) ↦ (lse, ⟨a⟩) of a block of columns, with a hand-written VJP.
 
-    Log-weights (2^r, blk): S_R g_cᵀ + base + c_c (+ pairs W_cᵀ), rows ≥ lim_c masked. The VJP
-    recomputes them from the block's inputs (memory stays O(2^r·blk) in the backward pass)
-    and uses ∂lse/∂logw = p, ∂⟨a_k⟩/∂logw = p (a_k − ⟨a_k⟩), with every product in the
-    orientation XLA:CPU runs fastest (Sᵀ @ table, not tableᵀ @ S: 4x here). Reverse mode only.
+    Log-weights `(blk, 2^r)`, one row per column (query and high configuration), one entry
+    per configuration a of the table's r spins: g_c·a + c_c + base(a) (+ W_c·(a⊗a) with
+    three-body couplings), entries a ≥ lim_c masked. All of it is one product, [g | c | 1 | W]
+    @ [S_Rᵀ; 1; base; pairsᵀ], and the column sums and first moments are one more,
+    e @ [S_R | 1]: three passes over the table (product, exponential, product), every product
+    contracting the table's last axis, the orientation XLA:CPU runs fastest. The VJP
+    recomputes the table from the block's inputs (memory stays O(2^r·blk) in the backward
+    pass) and uses ∂lse/∂logw = p, ∂⟨a_k⟩/∂logw = p (a_k − ⟨a_k⟩). Reverse mode only.
 
     Under vmap with `base` shared (a batch of sequences with the same couplings), the batch's
     columns go side by side into the same tables, in groups that keep a table near
@@ -149,36 +156,46 @@ def _column_stats(S_R, pairs, masked):
     ones, and memory bounded by the table size rather than batch × table.
     """
     # numpy constants: a custom_vjp's rules must not close over traced values
-    rows = np.arange(S_R.shape[0], dtype=S_R.dtype)
+    n_rows, r = S_R.shape
+    rows = np.arange(n_rows, dtype=S_R.dtype)
     S_T = np.ascontiguousarray(S_R.T)
+    S_1 = np.concatenate([S_R, np.ones((n_rows, 1), S_R.dtype)], axis=1)  # (2^r, r + 1)
+    S_T1 = np.concatenate([S_T, np.ones((1, n_rows), S_R.dtype)], axis=0)  # (r + 1, 2^r)
     pairs_T = None if pairs is None else np.ascontiguousarray(pairs.T)
 
     def logits(g, c, base, W, lim):
-        logw = mm(S_R, g.T) + base[:, None] + c[None, :]
+        ones = jnp.ones_like(c)[:, None]
+        coef = [g, c[:, None], ones]  # (blk, r + 2 [+ r·r])
+        basis = [S_T1, base[None, :]]  # (r + 2 [+ r·r], 2^r)
         if pairs is not None:
-            logw = logw + mm(pairs, W.T)
+            coef.append(W)
+            basis.append(pairs_T)
+        logw = mm(jnp.concatenate(coef, axis=1), jnp.concatenate(basis, axis=0))
         if masked:
-            logw = jnp.where(rows[:, None] < lim[None, :], logw, _MASKED)
+            logw = jnp.where(rows[None, :] < lim[:, None], logw, _MASKED)
         return logw
 
     def forward(g, c, base, W, lim):
         logw = logits(g, c, base, W, lim)
-        top = jnp.max(logw, axis=0)
-        e = jnp.exp(logw - top[None, :])  # one exponential per configuration and column
-        z = jnp.sum(e, axis=0)
-        return top + jnp.log(z), mm(S_T, e).T / z[:, None]
+        top = jnp.max(logw, axis=1)
+        e = jnp.exp(logw - top[:, None])  # one exponential per configuration and column
+        moments = mm(e, S_1)  # (blk, r + 1): Σ_a e·a, then Σ_a e
+        z = moments[:, r]
+        return top + jnp.log(z), moments[:, :r] / z[:, None]
 
     def backward(g, c, base, W, lim, lse, mean, d_lse, d_mean, n_inst=1):
         """Cotangents of the inputs; `dbase` `(n_inst, 2^r)`, one row per instance whose
         columns (consecutive, equally many) share the table."""
-        p = jnp.exp(logits(g, c, base, W, lim) - lse[None, :])
-        d = p * (mm(S_R, d_mean.T) + (d_lse - jnp.sum(mean * d_mean, axis=1))[None, :])
-        dW = None if pairs is None else mm(pairs_T, d).T
-        d_base = jnp.sum(d.reshape(d.shape[0], n_inst, -1), axis=2).T
-        return mm(S_T, d).T, jnp.sum(d, axis=0), d_base, dW
+        p = jnp.exp(logits(g, c, base, W, lim) - lse[:, None])
+        shift = d_lse - jnp.sum(mean * d_mean, axis=1)
+        d = p * mm(jnp.concatenate([d_mean, shift[:, None]], axis=1), S_T1)
+        dW = None if pairs is None else mm(d, pairs)
+        d_base = jnp.sum(d.reshape(n_inst, -1, n_rows), axis=1)
+        d_gc = mm(d, S_1)
+        return d_gc[:, :r], d_gc[:, r], d_base, dW
 
-    fwd_v = _fold(forward, S_R.shape[0], per_instance=False)
-    bwd_v = _fold(backward, S_R.shape[0], per_instance=True)
+    fwd_v = _fold(forward, n_rows, per_instance=False)
+    bwd_v = _fold(backward, n_rows, per_instance=True)
 
     @jax.custom_vjp
     def stats(g, c, base, W, lim):
