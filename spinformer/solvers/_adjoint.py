@@ -180,6 +180,10 @@ def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first)
         return (jnp.where(better, w2, w), ok | ok2, steps + steps2,
                 jnp.where(better, rel2, rel), jnp.ones((), bool))
 
+    # jitted once here, so that the rule below, which nested vmaps (and while_loop's
+    # batching) trace several times, reuses one trace of the solve per shape
+    run = jax.jit(run)
+
     @jax.custom_batching.custom_vmap
     def fallback(dyn, b, first):  # no vmap: a plain conditional
         return jax.lax.cond(first[1], lambda: (*first, jnp.zeros((), bool)),
