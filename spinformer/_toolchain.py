@@ -42,3 +42,54 @@ def check_jaxlib() -> bool:
         RuntimeWarning, stacklevel=3,
     )
     return True
+
+
+# glibc's malloc serves XLA:CPU's large buffers (a training step's temporaries, often more
+# than 100 MiB) by fresh memory mappings, so every step pays a page fault per 4 KiB page it
+# touches: 37,000 minor faults per step for the character-level Shakespeare spin config
+# (batch 16, 128 tokens, width 64, 4 layers). With the tunable below (glibc >= 2.35) malloc
+# asks the kernel for transparent huge pages on those mappings (where THP is in `madvise`
+# or `always` mode), and the faults drop to ~230 per step: measured on 2 cores, that
+# config's forward + backward 234 -> 172 ms (softmax's 208 -> 139 ms), `spinformer run`
+# 4.2 -> 5.2 steps/s; the quickstart (small buffers) and the test suite (compile-bound)
+# unchanged. The tunable must be in the environment when the process starts, so the
+# `spinformer` command re-executes itself with it (`hugepage_environment`).
+HUGEPAGE_TUNABLE = "glibc.malloc.hugetlb=1"
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def hugepage_environment(environ=None, *, libc=None, thp_setting=_THP_SETTING):
+    """The environment to restart this process with so that glibc's malloc backs large
+    buffers with transparent huge pages, or None where that does not apply: not Linux,
+    not glibc >= 2.35 (`libc`: `platform.libc_ver()`'s `(name, version)`), transparent huge
+    pages off (`never`) or unknown, the tunable already set, or the user opted out with
+    `SPINFORMER_HUGEPAGES=0`.
+
+    **Returns:** a copy of `environ` (default `os.environ`) with `HUGEPAGE_TUNABLE` added to
+    `GLIBC_TUNABLES` (keeping the tunables already there), or None.
+    """
+    import platform
+    import sys
+
+    environ = dict(os.environ if environ is None else environ)
+    if environ.get("SPINFORMER_HUGEPAGES", "") == "0" or not sys.platform.startswith("linux"):
+        return None
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return None
+    name, version = platform.libc_ver() if libc is None else libc
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return None
+    if name != "glibc" or (major, minor) < (2, 35):
+        return None
+    try:
+        with open(thp_setting) as f:
+            mode = f.read()
+    except OSError:
+        return None
+    if "[always]" not in mode and "[madvise]" not in mode:
+        return None
+    environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGEPAGE_TUNABLE}" if tunables else HUGEPAGE_TUNABLE
+    return environ

@@ -92,3 +92,60 @@ def test_training_warns_about_a_deadlocking_jaxlib(monkeypatch, version, cpus, w
             assert version in msgs[0] and "jaxlib!=0.10.*" in msgs[0] and "taskset" in msgs[0]
     finally:
         _toolchain.check_jaxlib.cache_clear()
+
+
+@pytest.mark.parametrize("environ, libc, thp, expected", [
+    ({}, ("glibc", "2.36"), "always defer [madvise] never", "glibc.malloc.hugetlb=1"),
+    ({}, ("glibc", "2.35"), "[always] madvise never", "glibc.malloc.hugetlb=1"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, ("glibc", "2.39"), "[madvise]",
+     "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),  # the user's tunables are kept
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, ("glibc", "2.36"), "[madvise]", None),
+    ({"SPINFORMER_HUGEPAGES": "0"}, ("glibc", "2.36"), "[madvise]", None),  # opted out
+    ({}, ("glibc", "2.31"), "[madvise]", None),  # the tunable is new in glibc 2.35
+    ({}, ("", ""), "[madvise]", None),  # musl, or not known
+    ({}, ("glibc", "2.36"), "always madvise [never]", None),  # THP off
+    ({}, ("glibc", "2.36"), None, None),  # no THP setting to read
+])
+def test_hugepage_environment(tmp_path, monkeypatch, environ, libc, thp, expected):
+    from spinformer import _toolchain
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    setting = tmp_path / "enabled"
+    if thp is not None:
+        setting.write_text(thp + "\n")
+    env = _toolchain.hugepage_environment(environ, libc=libc, thp_setting=str(setting))
+    if expected is None:
+        assert env is None
+    else:
+        assert env["GLIBC_TUNABLES"] == expected
+        assert {k: v for k, v in env.items() if k != "GLIBC_TUNABLES"} == {
+            k: v for k, v in environ.items() if k != "GLIBC_TUNABLES"}
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert _toolchain.hugepage_environment(environ, libc=libc, thp_setting=str(setting)) is None
+
+
+def test_the_command_restarts_itself_with_the_hugepage_tunable(tmp_path):
+    """`spinformer ...` runs its command in a process whose environment has the tunable where
+    this machine supports it (and exactly once: no restart loop), and not with
+    SPINFORMER_HUGEPAGES=0. The probe: an `--import` module that records its environment,
+    imported before the (missing) config fails the command."""
+    from spinformer import _toolchain
+
+    (tmp_path / "probe_env.py").write_text(
+        "import os\n"
+        "with open(os.environ['PROBE_OUT'], 'a') as f:\n"
+        "    f.write(os.environ.get('GLIBC_TUNABLES', '<none>') + '\\n')\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]),
+               PROBE_OUT=str(tmp_path / "seen.txt"))
+    expected = _toolchain.hugepage_environment(env)
+    for opt_out, want in ((False, expected["GLIBC_TUNABLES"] if expected else "<none>"),
+                          (True, "<none>")):
+        run_env = dict(env, SPINFORMER_HUGEPAGES="0") if opt_out else env
+        (tmp_path / "seen.txt").unlink(missing_ok=True)
+        cmd = [sys.executable, "-c", "import sys; from spinformer.cli import main; "
+               "sys.argv = ['spinformer'] + sys.argv[1:]; sys.exit(main())",
+               "run", str(tmp_path / "missing.yaml"), "--import", "probe_env"]
+        out = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "missing.yaml" in out.stderr, out.stderr[-2000:]
+        assert (tmp_path / "seen.txt").read_text().splitlines() == [want]

@@ -61,3 +61,16 @@ def ratio_header(baseline: str, ours: str) -> str:
     """The line that states a benchmark's ratio direction."""
     return (f"ratios are {baseline} time / {ours} time, medians over interleaved rounds "
             f"(> 1: {ours} is faster)")
+
+
+def malloc_line() -> str:
+    """Whether glibc's malloc backs large buffers with transparent huge pages in this process
+    (the `spinformer` command turns it on; benchmarks run as plain scripts do not, unless
+    GLIBC_TUNABLES says so): it changes absolute CPU times by up to 1.5x, so every figure
+    should say which."""
+    import os
+
+    on = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    return ("malloc: transparent huge pages " + ("on" if on else "off") +
+            " (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 " + ("set" if on else "not set") +
+            "; the spinformer command sets it)")

@@ -34,7 +34,7 @@ import numpy as np
 
 from spinformer.spins.ising import boltzmann_marginals
 
-from _compare import interleaved, ratio_header, time_call
+from _compare import interleaved, malloc_line, ratio_header, time_call
 
 
 def _bits(n):
@@ -179,7 +179,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {malloc_line()}")
     print(ratio_header("per-query enumeration", "boltzmann_marginals"))
     sizes = [8] if args.quick else [8, 12, 16]
     for T in sizes:

@@ -33,7 +33,7 @@ import spinformer as sf
 from spinformer import nn, solvers
 from spinformer.spins import vector
 
-from _compare import interleaved, ratio_header, time_call
+from _compare import interleaved, malloc_line, ratio_header, time_call
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -194,7 +194,7 @@ def main():
         batch, n, dim, heads = 2, 16, 32, 2
     else:
         batch, n, dim, heads = 8, 128, 256, 4
-    print(f"devices: {jax.devices()}")
+    print(f"devices: {jax.devices()}; {malloc_line()}")
     if a.only in (None, "attention"):
         bench_attention(batch, n, dim, heads, a.repeats)
     if a.only in (None, "compile"):
