@@ -435,8 +435,8 @@ def _ranks(u):
     # counted by a product with a ones vector (exact in float32 for n < 2^24): XLA:CPU's
     # integer sum over the last axis took 2x as long (draws of 32 games, n = 64, K = 15)
     ones = jnp.ones((n,), jnp.float32)
-    return jnp.einsum("...ij,j->...i", before.astype(jnp.float32), ones,
-                      precision=HIGHEST).astype(jnp.int32)
+    count = jnp.einsum("...ij,j->...i", before.astype(jnp.float32), ones, precision=HIGHEST)
+    return count.astype(jnp.result_type(int))  # the default integer, as jnp.sum's
 
 
 def shapley_mc(
