@@ -58,3 +58,13 @@ def failure_message(e: BaseException) -> str:
     msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
                lines[0] if lines else type(e).__name__)
     return msg.split("EquinoxRuntimeError: ")[-1]
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """A script's entry point: restart once with huge pages for malloc's large buffers where
+    the system allows (as the `spinformer` command does; `SPINFORMER_HUGEPAGES=0` turns it
+    off), then `main()`, its return value the exit status."""
+    from spinformer._toolchain import restart_with_hugepages
+
+    restart_with_hugepages()
+    raise SystemExit(main())

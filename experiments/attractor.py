@@ -51,7 +51,7 @@ import spinformer as sf
 from spinformer.data import mask_images, noisy_images, patchify, unpatchify
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import dispatch, make_parser  # noqa: E402
+from _cli import dispatch, make_parser, run_script  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "attractor" / "fmnist.yaml"
@@ -822,4 +822,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

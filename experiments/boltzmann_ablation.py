@@ -43,7 +43,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import dispatch, make_parser  # noqa: E402
+from _cli import dispatch, make_parser, run_script  # noqa: E402
 from _stats import t975  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -539,4 +539,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -38,7 +38,7 @@ from spinformer.spins import coalitions as co
 from spinformer.spins import ising
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import dispatch, make_parser  # noqa: E402
+from _cli import dispatch, make_parser, run_script  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CITE = ("D. Bouchaffra, F. Ykhlef, H. Azzag, M. Lebbah, B. Faye, \"NeuroGame Transformer: "
@@ -576,4 +576,4 @@ def run(args):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

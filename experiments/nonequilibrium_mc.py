@@ -43,7 +43,7 @@ from tqdm import tqdm
 from spinformer.spins import samplers, vector
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import dispatch, make_parser  # noqa: E402
+from _cli import dispatch, make_parser, run_script  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "experiments" / "results" / "nonequilibrium"
@@ -529,4 +529,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -33,7 +33,7 @@ import numpy as np
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import dispatch, make_parser  # noqa: E402
+from _cli import dispatch, make_parser, run_script  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -130,4 +130,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -76,7 +76,7 @@ import yaml
 import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import ROOT, chosen, dispatch, failure_message, make_parser  # noqa: E402
+from _cli import ROOT, chosen, dispatch, failure_message, make_parser, run_script  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
@@ -1134,4 +1134,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -452,8 +452,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     that off."""
     from .config import ConfigError
 
-    if argv is None:
-        _restart_with_hugepages()
+    if argv is None:  # `python -m spinformer` runs the package, not this file's path
+        from ._toolchain import restart_with_hugepages
+
+        restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
     args = build_parser().parse_args(argv)
     try:
         import_user_modules(getattr(args, "imports", []))
@@ -465,24 +467,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("spinformer: interrupted (checkpoints already on disk are intact)",
               file=sys.stderr)
         return 130
-
-
-def _restart_with_hugepages() -> None:
-    """Replace this process by `python -m spinformer <same arguments>` with the huge-page
-    malloc tunable in its environment (a no-op where it does not apply or is already set)."""
-    import os
-
-    from ._toolchain import hugepage_environment
-
-    env = hugepage_environment()
-    if env is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execve(sys.executable, [sys.executable, "-m", "spinformer", *sys.argv[1:]], env)
-    except OSError:  # cannot restart (a frozen executable, a sandbox): run as we are
-        return
 
 
 if __name__ == "__main__":  # pragma: no cover

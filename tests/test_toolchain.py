@@ -149,3 +149,31 @@ def test_the_command_restarts_itself_with_the_hugepage_tunable(tmp_path):
         out = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "missing.yaml" in out.stderr, out.stderr[-2000:]
         assert (tmp_path / "seen.txt").read_text().splitlines() == [want]
+
+
+def test_experiment_scripts_restart_themselves_with_the_hugepage_tunable(tmp_path):
+    """`experiments/_cli.run_script(main)`, the entry point of every experiment script:
+    `main` runs once, in a process with the tunable where this machine supports it, with
+    the script's own arguments, and its return value is the exit status."""
+    from spinformer import _toolchain
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {os.path.join(root, 'experiments')!r})\n"
+        "from _cli import run_script\n"
+        "def main():\n"
+        "    with open(os.environ['PROBE_OUT'], 'a') as f:\n"
+        "        f.write(os.environ.get('GLIBC_TUNABLES', '<none>') + ' ' + sys.argv[1] + '\\n')\n"
+        "    return 3\n"
+        "if __name__ == '__main__':\n"
+        "    run_script(main)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["PROBE_OUT"] = str(tmp_path / "seen.txt")
+    expected = _toolchain.hugepage_environment(env)
+    want = expected["GLIBC_TUNABLES"] if expected else "<none>"
+    out = subprocess.run([sys.executable, str(script), "arg"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert (tmp_path / "seen.txt").read_text().splitlines() == [f"{want} arg"]

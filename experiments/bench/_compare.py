@@ -65,12 +65,11 @@ def ratio_header(baseline: str, ours: str) -> str:
 
 def malloc_line() -> str:
     """Whether glibc's malloc backs large buffers with transparent huge pages in this process
-    (the `spinformer` command turns it on; benchmarks run as plain scripts do not, unless
+    (the `spinformer` command and the experiment scripts turn it on; benchmarks do not, unless
     GLIBC_TUNABLES says so): it changes absolute CPU times by up to 1.5x, so every figure
     should say which."""
-    import os
+    from spinformer._toolchain import HUGEPAGE_TUNABLE, hugepages_on
 
-    on = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
-    return ("malloc: transparent huge pages " + ("on" if on else "off") +
-            " (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 " + ("set" if on else "not set") +
-            "; the spinformer command sets it)")
+    on = hugepages_on()
+    return (f"malloc: transparent huge pages {'on' if on else 'off'} (GLIBC_TUNABLES="
+            f"{HUGEPAGE_TUNABLE} {'set' if on else 'not set'}; the spinformer command sets it)")
