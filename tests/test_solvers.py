@@ -578,6 +578,33 @@ def test_python_scalar_args_are_differentiable(adjoint):
     assert np.isfinite(g2)
 
 
+def test_loop_carries_are_batched_from_the_start_and_unchanged():
+    """`batched_like` (the solvers' initial loop carries): the same values and dtypes, no
+    NaN or inf let in from the reference, no gradient through the tie, and under `vmap` a
+    batched result (so `while_loop`'s batching rule needs one pass over the body), where
+    an untied constant stays unbatched."""
+    from spinformer.solvers._solvers import batched_like
+
+    tree = (jnp.zeros(3), jnp.asarray(2, jnp.int32), jnp.asarray([True, False]))
+    for ref in (jnp.ones(4), jnp.asarray([jnp.nan, 1.0]), jnp.asarray(jnp.inf)):
+        out = batched_like(tree, ref)
+        for a, b in zip(out, tree):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    refs = jnp.arange(6.0).reshape(3, 2)
+    with pytest.raises(ValueError):  # batched: it cannot be returned unmapped
+        jax.vmap(lambda r: batched_like(tree, r), out_axes=None)(refs)
+    jax.vmap(lambda r: tree, out_axes=None)(refs)  # the untied tree is not batched
+    # nested vmap: batched at both levels
+    outs = jax.vmap(jax.vmap(lambda r: batched_like(tree, r)))(jnp.ones((2, 3, 4)))
+    assert outs[0].shape == (2, 3, 3) and outs[2].shape == (2, 3, 2)
+    # no gradient reaches the reference; the tree's own gradient is the identity
+    g_ref = jax.grad(lambda r: batched_like(jnp.ones(3), r).sum())(jnp.ones(2))
+    np.testing.assert_array_equal(g_ref, 0.0)
+    g_x = jax.grad(lambda x: (batched_like(x, jnp.ones(2)) ** 2).sum())(jnp.arange(3.0))
+    np.testing.assert_array_equal(g_x, 2 * jnp.arange(3.0))
+
+
 def test_unrolled_stops_when_converged():
     # Under vmap a scan over max_steps would evaluate the map max_steps times; the
     # checkpointed while loop stops with the slowest example (recomputing some steps).

@@ -22,6 +22,7 @@ from ._solvers import (
     Anderson,
     _check_damping,
     _FixedPointProblem,
+    batched_like,
     l2_norm,
     matmul_precision,
 )
@@ -219,7 +220,8 @@ def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first)
             return todo.at[i].set(False), out
 
         ran = jnp.zeros((axis_size,), bool)
-        _, out = jax.lax.while_loop(lambda c: jnp.any(c[0]), body, (~first[1], (*first, ran)))
+        init = batched_like((~first[1], (*first, ran)), first[3])  # (for an enclosing vmap)
+        _, out = jax.lax.while_loop(lambda c: jnp.any(c[0]), body, init)
         return out, (True,) * 5
 
     return fallback(dyn, b, first)

@@ -26,6 +26,7 @@ from ._solvers import (
     _BestSoFar,
     _FixedPointProblem,
     _RootProblem,
+    batched_like,
     matmul_precision,
 )
 
@@ -141,9 +142,10 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
 
         state0 = best.init(prob, x0, args)
         init = (state0, jnp.asarray(0, jnp.int32))
+        last0 = best.best(state0)[2]
         if trace:
-            last0 = best.best(state0)[2]
             init += (jnp.full((max_steps + 1,), jnp.nan, last0.dtype).at[0].set(last0),)
+        init = batched_like(init, last0)  # (fewer passes of while_loop's batching rule)
         if solver.unroll:  # straight-line steps; a finished example keeps its state
             out = init
             for _ in range(max_steps):

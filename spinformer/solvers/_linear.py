@@ -21,7 +21,13 @@ import jax.numpy as jnp
 import jax.scipy.linalg  # noqa: F401  (jax.scipy.linalg.cho_solve)
 from jaxtyping import Array
 
-from ._solvers import AbstractFixedPointSolver, _BestSoFar, _FixedPointProblem, l2_norm
+from ._solvers import (
+    AbstractFixedPointSolver,
+    _BestSoFar,
+    _FixedPointProblem,
+    batched_like,
+    l2_norm,
+)
 
 
 class AbstractLinearSolver(eqx.Module):
@@ -90,7 +96,9 @@ class GMRES(AbstractLinearSolver):
                     jnp.where(keep, rnorm_new, rnorm), k + 1)
 
         r0 = b - matvec(b)
-        w, _, rnorm, k = jax.lax.while_loop(cond, body, (b, r0, l2_norm(r0), 0))
+        rnorm0 = l2_norm(r0)
+        w, _, rnorm, k = jax.lax.while_loop(cond, body,
+                                            batched_like((b, r0, rnorm0, 0), rnorm0))
         return w, 1 + k * (restart + 1), rnorm
 
 
@@ -244,7 +252,9 @@ def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_st
         state, k = c
         return best.step(prob, state, None), k + 1
 
-    state, k = jax.lax.while_loop(cond, body, (best.init(prob, b, None), 0))
+    state0 = best.init(prob, b, None)
+    state, k = jax.lax.while_loop(cond, body,
+                                  batched_like((state0, 0), best.best(state0)[2]))
     return best.best(state)[0], k
 
 

@@ -35,6 +35,36 @@ def max_norm(v: Array) -> Array:
     return jnp.max(jnp.abs(v), initial=0.0)
 
 
+def batched_like(tree: Any, ref: Array) -> Any:
+    """`tree` with the same values, batched under `vmap` wherever `ref` is: a loop's initial
+    carry, made to vary over the examples from the start.
+
+    `jax.lax.while_loop`'s batching rule finds out which carries vary over the examples by
+    batching the loop body again and again until no carry changes from unbatched to batched:
+    one more pass through the body per carry that starts unbatched (a history of zeros, a
+    mask, a counter) and is written with batched values. Nested `vmap`s (examples × heads)
+    and loops inside loops (a backward solve's fallback) repeat those passes at every level.
+    A solve's stopping test depends on its example, so every carry ends up batched anyway:
+    tying them all to `ref` (a value of the solve, e.g. its first residual) at the start
+    changes nothing in the compiled loop and makes the first pass the last (tracing a
+    spin-attention model's gradient: 5.4 -> 4.1 s, the loops' batching 2.2 -> 1.25 s).
+    The values are unchanged: each numeric leaf gets an exact zero added (a `select`, so a
+    NaN or inf in `ref` does not leak in), each boolean leaf is or-ed with False; no
+    gradient flows through the tie, and without `vmap` XLA folds it away."""
+    r = jax.lax.stop_gradient(jnp.ravel(ref)[:1].sum())
+    zero = jnp.where(True, jnp.zeros((), r.dtype), r)
+
+    def tie(a):
+        a = jnp.asarray(a)
+        if a.dtype == jnp.bool_:
+            return a | (zero != 0)
+        if jnp.issubdtype(a.dtype, jnp.number):
+            return a + zero.astype(a.dtype)
+        return a  # e.g. PRNG keys: left as they are
+
+    return jax.tree.map(tie, tree)
+
+
 def l2_norm(v: Array) -> Array:
     """Euclidean norm of a vector."""
     return jnp.sqrt(jnp.sum(v * v))
