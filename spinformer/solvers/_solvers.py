@@ -46,8 +46,9 @@ def batched_like(tree: Any, ref: Array) -> Any:
     and loops inside loops (a backward solve's fallback) repeat those passes at every level.
     A solve's stopping test depends on its example, so every carry ends up batched anyway:
     tying them all to `ref` (a value of the solve, e.g. its first residual) at the start
-    changes nothing in the compiled loop and makes the first pass the last (tracing a
-    spin-attention model's gradient: 5.4 -> 4.1 s, the loops' batching 2.2 -> 1.25 s).
+    changes nothing in the compiled loop and makes the first pass the last (tracing the
+    gradient of a 2-layer TAP spin LM, implicit adjoint, batch × heads vmapped: 5.3-5.7 s
+    -> 4.0-4.5 s over five paired runs).
     The values are unchanged: each numeric leaf gets an exact zero added (a `select`, so a
     NaN or inf in `ref` does not leak in), each boolean leaf is or-ed with False; no
     gradient flows through the tie, and without `vmap` XLA folds it away."""
