@@ -63,6 +63,46 @@ def test_incremental_logits_equal_full_sequence(name):
     assert float(jnp.abs(decode_all(model, other)[0][-1] - inc[-1]).max()) > 10 * tol
 
 
+@pytest.mark.parametrize("name", ["softmax", "spin-tap-steady", "spin-mf-steps",
+                                  "spin-tap-steps", "spin-carried"])
+def test_prefill_is_one_sequence_call_with_the_decoding_cache(name):
+    """`nn.prefill` runs the window as one whole-sequence pass (attentions with a `prefill`
+    method): its output is the sequence call's row `length - 1` and its caches are those
+    that decoding the same tokens one by one builds, to the solver tolerance; decoding on
+    from either state gives the same logits."""
+    attention, kwargs, tol = CASES[name]
+    model = _lm(attention, kwargs)
+    tokens = jax.random.randint(jax.random.key(7), (L,), 0, V)
+    n = 7
+    out, state = eqx.filter_jit(nn.prefill)(model, tokens, n)
+    np.testing.assert_allclose(out, full_call(model, tokens)[n - 1], atol=1e-5, rtol=0)
+    _, seq = decode_all(model, tokens[:n])
+    assert int(state.pos) == int(seq.pos) == n and int(state.failures) == 0
+    for got, want in zip(state.caches, seq.caches):
+        assert got.keys() == want.keys()
+        for k in got:
+            assert got[k].shape == want[k].shape, k
+            if k != "failures":  # positions past the prompt are padding, overwritten later
+                np.testing.assert_allclose(got[k][..., :n, :], want[k][..., :n, :],
+                                           atol=tol, rtol=0)
+    step = eqx.filter_jit(nn.decode_step)
+    np.testing.assert_allclose(step(model, state, tokens[n])[0], step(model, seq, tokens[n])[0],
+                               atol=tol, rtol=0)
+
+
+def test_prefill_counts_failed_solves_and_falls_back_to_steps():
+    """A whole-window solve that misses its tolerance is counted in the state's failures;
+    an attention without `prefill` (exact Boltzmann) is prefilled one position at a time."""
+    short = solvers.Anderson(tol=1e-9, max_steps=2)
+    tokens = jax.random.randint(jax.random.key(7), (L,), 0, V)
+    _, state = nn.prefill(_lm("spin", dict(update="tap", solver=short), depth=1), tokens, 5)
+    assert int(state.failures) > 0
+    model = _lm(*CASES["boltzmann-exact"][:2], depth=1)
+    assert not hasattr(model.transformer.block(0).attention, "prefill")
+    out, state = nn.prefill(model, tokens, 5)
+    np.testing.assert_allclose(out, full_call(model, tokens)[4], atol=1e-5, rtol=0)
+
+
 def test_default_tolerance_agreement_is_of_the_order_of_tol():
     """At the training tolerance (1e-3) the whole-sequence solve mixes positions at the level
     of the tolerance (the issue's measurement); incremental decoding agrees to that level."""

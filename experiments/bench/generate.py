@@ -143,6 +143,7 @@ def main(argv=None):
                    "unroll=True) for each K: in the incremental path only (re-solving keeps "
                    "the layers' Anderson), and in both paths")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "generate"))
+    p.add_argument("--tag", default="", help="added to the result files' names")
     p.add_argument("--quick", action="store_true", help="a smoke test: 32 characters, depth "
                    "2, T 32, one round, results under quick_*")
     args = p.parse_args(argv)
@@ -161,19 +162,26 @@ def main(argv=None):
         runs.append((f"spin TAP, decode Picard x{K} unrolled (re-solve: Anderson)", tap, fixed,
                      None))
         runs.append((f"spin TAP, Picard x{K} unrolled in both paths", tap, fixed, fixed))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = ("quick_" if args.quick else "") + device.platform + (f"_{args.tag}" if args.tag
+                                                                 else "")
     for label, model, solver, resolve_solver in runs:
         if args.only and not any(part in label for part in args.only.split("|")):
             continue
         for batch in args.batch:
             rows.append(measure(label, model, args.length, args.repeats, prompt, batch,
                                 solver, resolve_solver))
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = ("quick_" if args.quick else "") + device.platform
+            write(out, tag, device, args.length, rows)  # after every row: a cut run keeps them
+    print((out / f"generate_{tag}.md").read_text() if rows else "no model matched --only")
+
+
+def write(out, tag, device, length, rows):
+    """`generate_{tag}.json` and `.md` in `out` with the rows so far."""
     result = {"device": device.device_kind, "platform": device.platform,
-              "machine": platform.machine(), "length": args.length, "rows": rows}
+              "machine": platform.machine(), "length": length, "rows": rows}
     (out / f"generate_{tag}.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Generating {args.length} characters: incremental vs re-solving the context "
+    lines = [f"# Generating {length} characters: incremental vs re-solving the context "
              f"({device.device_kind})", "",
              "Ratio = re-solve time / incremental time (medians over interleaved rounds); with a "
              "batch, ms/char is per step of the whole batch.", "",
@@ -187,7 +195,6 @@ def main(argv=None):
                      f"{r['restarts']} | {r['solver_failures']} / "
                      f"{r['resolve_solver_failures']} |")
     (out / f"generate_{tag}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

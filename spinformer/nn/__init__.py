@@ -35,6 +35,7 @@ from ._decode import decode_init as decode_init
 from ._decode import decode_sequence as decode_sequence
 from ._decode import decode_step as decode_step
 from ._decode import generate as generate
+from ._decode import prefill as prefill
 from ._decode import with_solver as with_solver
 from ._diagnostics import Diagnostics as Diagnostics
 from ._energy_transformer import EnergyTransformerAttention as EnergyTransformerAttention
@@ -132,6 +133,7 @@ __all__ = [
     "options",
     "param_labels",
     "pool_attention",
+    "prefill",
     "register_attention",
     "steady_state_analysis",
     "unregister_attention",

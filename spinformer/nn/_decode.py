@@ -10,6 +10,9 @@ attention keys and values. Each attention implements the protocol
 - `attention.decode_init(max_len, dtype) -> cache` (one sequence; a pytree of arrays),
 - `attention.decode(x (d,), cache, pos) -> (y (d,), cache)`, the attention's output at
   position `pos` for the (normed) input `x` of that position,
+- optionally `attention.prefill(x (L, d)) -> (y (L, d), cache)`, every position of a window
+  at once with the cache `decode` would have built over it (softmax and spin attention):
+  `prefill` then encodes a window in one pass instead of L steps,
 
 and `decode_step` runs the blocks around it (residuals, feed-forward networks, LayerNorms),
 stacked over layers like `Transformer.__call__`.
@@ -166,11 +169,18 @@ def prefill(model, tokens: Int[Array, " L"], length: Int[Array, ""]
             ) -> tuple[Float[Array, " c"], DecodeState]:
     """Encode the first `length` entries of `tokens` (padded to a fixed size, so one
     compilation serves every prompt length) into a fresh state: `(the last position's
-    output, state)`. `length` must be ≥ 1."""
+    output, state)`. `length` must be ≥ 1.
+
+    When every layer's attention has a `prefill` method the window is one whole-sequence
+    pass (the caches agree with step-by-step decoding to the solver tolerance, and its
+    failed solves are counted per layer and head of the pass); otherwise the tokens are
+    decoded one at a time."""
     return _prefill(model, _blocks(model), tokens, length)
 
 
 def _prefill(model, blocks, tokens, length):
+    if all(hasattr(b.attention, "prefill") for b in blocks):
+        return _prefill_parallel(model, blocks, tokens, length)
     state = decode_init(model, tokens.shape[0])
     out = jax.eval_shape(lambda: _step(model, blocks, state, tokens[0])[0])
 
@@ -179,6 +189,26 @@ def _prefill(model, blocks, tokens, length):
         return _step(model, blocks, s, tokens[i])
 
     return jax.lax.fori_loop(0, length, body, (jnp.zeros(out.shape, out.dtype), state))
+
+
+def _prefill_parallel(model, blocks, tokens, length):
+    """`_prefill` as one whole-sequence pass (`decode_step`'s layers over all positions at
+    once), each attention building its cache with `prefill`: on a GPU, where a decoding step
+    costs about as much as a whole window's pass, re-encoding a window this way costs one
+    step instead of `length`. The positions at and after `length` are computed too (the
+    window is padded to a fixed size) and are overwritten by the steps that follow."""
+    tr = _transformer(model)
+    x = jax.vmap(tr.embed)(tokens) + tr.pos_embed[:tokens.shape[0]]
+    caches = []
+    for block in blocks:
+        y, cache = block.attention.prefill(jax.vmap(block.norm1)(x))
+        x = x + y
+        if block.ffn is not None:
+            x = x + jax.vmap(block.ffn)(jax.vmap(block.norm2)(x))
+        caches.append(cache)
+    h = tr.norm(jax.lax.dynamic_index_in_dim(x, length - 1, keepdims=False))
+    out = model.readout(h) if isinstance(model, SequenceModel) else h
+    return out, DecodeState(tuple(caches), jnp.asarray(length, jnp.int32))
 
 
 def with_solver(model, solver):
@@ -273,7 +303,22 @@ def _encode(model, blocks, buf, n, start, incremental):
     if not incremental:
         logits, failed = _rows(lambda b: _context_logits(model, b, start, n, L), buf)
         return logits, jnp.sum(failed)  # re-solving keeps no state: its failures instead
-    return _rows(lambda b: _prefill(model, blocks, _window(b, start, L), n - start), buf)
+    logits, state = _rows(lambda b: _prefill(model, blocks, _window(b, start, L), n - start),
+                          buf)
+    return logits, DecodeState(state.caches, n - start)  # one position for every row
+
+
+def _decode_rows(model, blocks, state: DecodeState, tok):
+    """`_step` for every row: the caches are batched, the position `state.pos` is one scalar
+    that the rows share (they have one length). Under a vmap over a batched position each
+    cache write would be a scatter, which XLA keeps as one (a copy of the cache per write
+    on some backends) instead of the in-place slice update a shared position gives."""
+    pos = state.pos
+    logits, caches = _rows(
+        lambda caches, t: (lambda out: (out[0], out[1].caches))(
+            _step(model, blocks, DecodeState(caches, pos), t)),
+        state.caches, tok)
+    return logits, DecodeState(caches, pos + 1)
 
 
 @eqx.filter_jit
@@ -308,7 +353,7 @@ def _generate_chunk(model, blocks, carry: _Carry, keys, temperature, lead, segme
     def body(_, c: _Carry):
         tok, buf, n = _append(c, keys, temperature)
         if incremental:
-            logits, state = _rows(lambda s, t: _step(model, blocks, s, t), c.state, tok)
+            logits, state = _decode_rows(model, blocks, c.state, tok)
             return _Carry(buf, n, c.start, state, logits, c.restarts, c.failures)
         restart = n - c.start > L
         start = jnp.where(restart, n - keep, c.start)

@@ -76,6 +76,15 @@ class SoftmaxAttention(eqx.Module):
         shape = (self.num_heads, max_len, self.dim // self.num_heads)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
+    def prefill(self, x: Float[Array, "L d"]) -> tuple[Float[Array, "L d"], dict]:
+        """Every position of a causal self-attention at once, and the decoding cache that
+        `decode` would have built over the same `L` positions: `(y (L, d), cache)`, cache
+        length L. Positions past the prompt are harmless: `decode` writes over them and
+        never looks at positions after its own."""
+        cache = {"k": project_heads(self.to_k, x, self.num_heads),
+                 "v": project_heads(self.to_v, x, self.num_heads)}
+        return self(x), cache
+
     def decode(self, x: Float[Array, " d"], cache: dict, pos: Int[Array, ""]
                ) -> tuple[Float[Array, " d"], dict]:
         """The output at position `pos` of a causal self-attention given the cached keys and

@@ -241,6 +241,11 @@ class SpinMode(Choice):
         failed solves)`."""
         raise NotImplementedError
 
+    def prefill(self, attention, xh, J):
+        """Every position at once from the gained fields `xh (H, L, D_h)` and couplings `J
+        (H, L, L)`: `(m (H, L, D_h), the cache's magnetizations, failed solves)`."""
+        raise NotImplementedError
+
 
 @register_choice("spin.mode", "fixed_point")
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +264,10 @@ class SteadyState(SpinMode):
         m, failed = jax.vmap(lambda xx, jj, MM: attention._decode_ness(xx, jj, MM, pos))(
             xh, J, M)
         return m, M.at[:, pos].set(m), jnp.sum(failed)
+
+    def prefill(self, attention, xh, J):
+        m, _, stats = self.run(attention, xh, J, None)
+        return m, m, jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
 
 
 @register_choice("spin.mode", "steps")
@@ -286,6 +295,17 @@ class TimeSteps(SpinMode):
             m, f = jax.vmap(attention._decode_step)(xh, J, M[k])
             failed = failed + jnp.sum(f)
         return m, M, failed
+
+    def prefill(self, attention, xh, J):
+        # the levels are the states before each step, as `decode` stores them (the whole
+        # sequence's steps; failed counts the steps whose solve failed, per head)
+        m = attention.init.initial(attention, xh, None)
+        levels, failed = [], jnp.zeros((), jnp.int32)
+        for _ in range(attention.num_steps):
+            levels.append(m)
+            m, st = jax.vmap(attention._one_step)(m, xh, J)
+            failed = failed + jnp.sum(st.result != solvers.RESULTS.successful)
+        return m, jnp.stack(levels), failed.astype(jnp.int32)
 
 
 class SpinOutput(Choice):
@@ -714,6 +734,25 @@ class SpinAttention(eqx.Module):
         out = self.output.of(m, xh, beta=beta, R=R).reshape(-1)
         y = self.out_proj(out) if self.out_proj is not None else out
         return y, {**cache, "m": new_m, "failures": cache["failures"] + failed}
+
+    def prefill(self, x: Float[Array, "L d"]) -> tuple[Float[Array, "L d"], dict]:
+        """Every position at once (the whole-sequence solve of `__call__`) and the decoding
+        cache `decode` would have built over the same `L` positions, to the solver
+        tolerance: `(y (L, d), cache)`, cache length L. Restarting a generation window this
+        way costs one sequence call instead of L decoding steps. Positions past the prompt
+        are harmless: `decode` writes over them and never looks at positions after its
+        own (with causal couplings the earlier positions' solution does not depend on them,
+        though the whole-sequence solve iterates until they too have converged)."""
+        if not self.causal:
+            raise ValueError("SpinAttention.prefill: incremental decoding needs causal "
+                             "attention; build the model with causal=True.")
+        xh, J = self._gain(self.fields(x), self.couplings(x))
+        beta, R = self.beta, self.radius
+        m, M, failed = self.mode.prefill(self, xh, J)
+        y = merge_heads(self.output.of(m, xh, beta=beta, R=R))
+        y = jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
+        k = split_heads(jax.vmap(self.to_k)(x), self.num_heads)
+        return y, {"k": k.astype(x.dtype), "m": M.astype(x.dtype), "failures": failed}
 
     def _decode_ness(self, x, J, M, pos):
         """Steady state of one head's position `pos`: m = F(m) with the other rows of the
