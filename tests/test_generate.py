@@ -64,7 +64,7 @@ def test_incremental_logits_equal_full_sequence(name):
 
 
 @pytest.mark.parametrize("name", ["softmax", "spin-tap-steady", "spin-mf-steps",
-                                  "spin-tap-steps", "spin-carried"])
+                                  "spin-carried"])
 def test_prefill_is_one_sequence_call_with_the_decoding_cache(name):
     """`nn.prefill` runs the window as one whole-sequence pass (attentions with a `prefill`
     method): its output is the sequence call's row `length - 1` and its caches are those
@@ -95,7 +95,8 @@ def test_prefill_counts_failed_solves_and_falls_back_to_steps():
     an attention without `prefill` (exact Boltzmann) is prefilled one position at a time."""
     short = solvers.Anderson(tol=1e-9, max_steps=2)
     tokens = jax.random.randint(jax.random.key(7), (L,), 0, V)
-    _, state = nn.prefill(_lm("spin", dict(update="tap", solver=short), depth=1), tokens, 5)
+    _, state = nn.prefill(_lm("spin", dict(update="mean_field", solver=short), depth=1),
+                          tokens, 5)
     assert int(state.failures) > 0
     model = _lm(*CASES["boltzmann-exact"][:2], depth=1)
     assert not hasattr(model.transformer.block(0).attention, "prefill")
