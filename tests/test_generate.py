@@ -232,6 +232,21 @@ def test_generate_command(char_run, capsys):
     assert capsys.readouterr().out.rstrip("\n") == text  # the reference path agrees
     assert cli.main(args + ["--decode-steps", "30"]) == 0  # loop-free solves, same text
     assert capsys.readouterr().out.rstrip("\n") == text
+    # several samples generated together: each is row b of the batch with split(key, N)[b]
+    assert cli.main(args + ["--samples", "3"]) == 0
+    out = capsys.readouterr()
+    blocks = out.out.split("--- sample ")[1:]
+    assert [b.split(" ---")[0] for b in blocks] == ["1 of 3", "2 of 3", "3 of 3"]
+    texts = [b.split("---\n", 1)[1].rstrip("\n") for b in blocks]
+    assert all(t.startswith("To be") and len(t) == len("To be") + 40 for t in texts)
+    assert len(set(texts)) == 3 and "3 samples of 40 characters" in out.err
+    from spinformer._generate import load_language_model
+
+    _, chars, model = load_language_model(char_run)
+    ids = [chars.index(c) for c in "To be"]
+    rows, _ = nn.generate(model, jnp.asarray([ids] * 3), length=40, temperature=0.8,
+                          key=jax.random.key(3))
+    assert texts == ["To be" + "".join(chars[i] for i in r) for r in rows]
     # the run saved its vocabulary: sampling needs no training text
     assert (char_run / "vocab.json").exists()
     text_file = char_run.parent / "text.txt"
@@ -253,6 +268,7 @@ def test_generate_command_errors(char_run, tmp_path, capsys):
     assert "not a run directory" in err(str(tmp_path / "other"), "--prompt", "a")
     assert "empty" in err(str(char_run), "--prompt", "")
     assert "--decode-steps 0" in err(str(char_run), "--prompt", "a", "--decode-steps", "0")
+    assert "--samples 0" in err(str(char_run), "--prompt", "a", "--samples", "0")
     msg = err(str(char_run), "--prompt", "To bé€")
     assert "'é'" in msg and "'€'" in msg and "vocabulary" in msg
     brackets = tmp_path / "brackets"
