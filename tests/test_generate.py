@@ -187,6 +187,8 @@ def test_decoding_refuses_models_it_cannot_decode():
                        key=jax.random.key(0))
     with pytest.raises(ValueError, match="causal"):
         nn.decode_init(tagger)
+    with pytest.raises(ValueError, match="causal"):
+        nn.prefill(tagger, jnp.zeros((L,), jnp.int32), 3)
     with pytest.raises(ValueError, match="empty"):
         nn.generate(_lm("softmax", {}), jnp.zeros((0,), jnp.int32), length=3,
                     key=jax.random.key(0))

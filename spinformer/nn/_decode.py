@@ -179,9 +179,9 @@ def prefill(model, tokens: Int[Array, " L"], length: Int[Array, ""]
 
 
 def _prefill(model, blocks, tokens, length):
+    state = decode_init(model, tokens.shape[0])  # refuses models that cannot decode
     if all(hasattr(b.attention, "prefill") for b in blocks):
         return _prefill_parallel(model, blocks, tokens, length)
-    state = decode_init(model, tokens.shape[0])
     out = jax.eval_shape(lambda: _step(model, blocks, state, tokens[0])[0])
 
     def body(i, carry):
@@ -311,8 +311,8 @@ def _encode(model, blocks, buf, n, start, incremental):
 def _decode_rows(model, blocks, state: DecodeState, tok):
     """`_step` for every row: the caches are batched, the position `state.pos` is one scalar
     that the rows share (they have one length). Under a vmap over a batched position each
-    cache write would be a scatter, which XLA keeps as one (a copy of the cache per write
-    on some backends) instead of the in-place slice update a shared position gives."""
+    cache write is a scatter (24 of them in the compiled loop of a 4-layer spin model at
+    batch 8 on the CPU); with a shared position every write is a slice update in place."""
     pos = state.pos
     logits, caches = _rows(
         lambda caches, t: (lambda out: (out[0], out[1].caches))(

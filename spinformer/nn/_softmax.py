@@ -81,6 +81,9 @@ class SoftmaxAttention(eqx.Module):
         `decode` would have built over the same `L` positions: `(y (L, d), cache)`, cache
         length L. Positions past the prompt are harmless: `decode` writes over them and
         never looks at positions after its own."""
+        if not self.causal:
+            raise ValueError("SoftmaxAttention.prefill: incremental decoding needs causal "
+                             "attention; build the model with causal=True.")
         cache = {"k": project_heads(self.to_k, x, self.num_heads),
                  "v": project_heads(self.to_v, x, self.num_heads)}
         return self(x), cache
