@@ -294,7 +294,10 @@ def _closed_over_problem():
 
     def loss(W, adjoint):
         fn = lambda x, _: jnp.tanh(W @ x + b)  # W is closed over, not passed as args
-        sol = S.fixed_point(fn, jnp.zeros(5), None, solver=S.Anderson(tol=1e-12), adjoint=adjoint)
+        # Picard (contraction 0.7: 1e-12 in about 80 steps): the unrolled reference through
+        # its loop compiles in a quarter of Anderson's time
+        sol = S.fixed_point(fn, jnp.zeros(5), None, solver=S.Picard(tol=1e-12, max_steps=300),
+                            adjoint=adjoint)
         return jnp.sum(sol.value**2)
 
     return W, loss
