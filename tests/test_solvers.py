@@ -745,15 +745,16 @@ def test_backward_solves_are_recorded_per_solve(x64):
         def __call__(self, b):
             fn = lambda x, a: jnp.tanh(self.W @ x + a)
             return S.fixed_point(fn, jnp.zeros(3), b, adjoint=self.adjoint,
-                                 solver=S.Anderson(tol=1e-10)).value
+                                 solver=S.Picard(tol=1e-10, max_steps=300)).value
 
     W = 0.3 * jnp.asarray(np.random.default_rng(13).normal(size=(3, 3)))
     B = jnp.ones((4, 3))
     loss = lambda m: jax.vmap(m)(B).sum()
-    plain = eqx.filter_grad(loss)(Layer(W, S.Implicit(tol=1e-8)))
+    grad = eqx.filter_jit(eqx.filter_grad(loss))  # with the Picard forward: 9.6 -> 5.9 s
+    plain = grad(Layer(W, S.Implicit(tol=1e-8)))
     for lin in (S.Anderson(history=5, safeguard=False), S.GMRES(5), S.BiCGStab()):
         layer = Layer(W, S.record_backward(S.Implicit(linear_solver=lin, tol=1e-8)))
-        grads, records = S.backward_stats(eqx.filter_grad(loss)(layer))
+        grads, records = S.backward_stats(grad(layer))
         (rec,) = records
         assert float(rec[0]) == 4.0  # one backward solve per example
         if isinstance(lin, S.BiCGStab):  # jax's BiCGSTAB does not report its iterations
