@@ -252,20 +252,25 @@ def test_implicit_gradients_stay_finite_when_a_mean_field_fails():
     that converged keep theirs, equal to those of a call where every game converged."""
     x = tokens(6)
     strong = dict(gamma=0.05, solver=solvers.Picard(tol=1e-8, max_steps=2))
+
+    @eqx.filter_jit
+    @eqx.filter_value_and_grad(has_aux=True)
+    def grad(a):  # the gradient and the solver results in one compiled program
+        y, d = a(x, return_diagnostics=True)
+        return jnp.sum(y ** 2), d.solver.result
+
     a = make("query", "mc", **strong)  # the default adjoint: implicit
     assert isinstance(a.adjoint, solvers.Implicit)
-    _, d = call(a, x, return_diagnostics=True)
-    failed = np.asarray(d.solver.result) != solvers.RESULTS.successful
+    (_, result), g = grad(a)
+    failed = np.asarray(result) != solvers.RESULTS.successful
     assert failed.any()
-    g = eqx.filter_grad(lambda a: jnp.sum(call(a, x) ** 2))(a)
     for leaf in jax.tree.leaves(eqx.filter(g, eqx.is_inexact_array)):
         assert np.all(np.isfinite(np.asarray(leaf)))
     # with every game failing, nothing flows through the mean field: the temperature, which
     # acts only there, gets exactly zero gradient
     b = make("pooled", "mc", **strong)
-    _, db = call(b, x, return_diagnostics=True)
-    assert np.all(np.asarray(db.solver.result) != solvers.RESULTS.successful)
-    gb = eqx.filter_grad(lambda b: jnp.sum(call(b, x) ** 2))(b)
+    (_, result), gb = grad(b)
+    assert np.all(np.asarray(result) != solvers.RESULTS.successful)
     np.testing.assert_array_equal(gb.log_gamma, 0.0)
     assert np.all(np.isfinite(np.asarray(gb.to_v.weight)))
 
