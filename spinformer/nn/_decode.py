@@ -104,12 +104,26 @@ def decode_init(model, max_len: Optional[int] = None) -> DecodeState:
     return DecodeState((one,) * tr.depth, jnp.zeros((), jnp.int32))
 
 
-def _block_decode(block, x, cache, pos):
-    y, cache = block.attention.decode(block.norm1(x), cache, pos)
+def _block_apply(block, x, attend, per_token):
+    """One block around its attention: `attend(attention, normed x) -> (y, cache)`, then the
+    residuals and the feed-forward network; `per_token` maps a per-token module over `x`
+    (the module itself for one token `(d,)`, `jax.vmap` for a window `(L, d)`)."""
+    y, cache = attend(block.attention, per_token(block.norm1)(x))
     x = x + y
     if block.ffn is not None:
-        x = x + block.ffn(block.norm2(x))
+        x = x + per_token(block.ffn)(per_token(block.norm2)(x))
     return x, cache
+
+
+def _block_decode(block, x, cache, pos):
+    return _block_apply(block, x, lambda attn, h: attn.decode(h, cache, pos), lambda f: f)
+
+
+def _output(model, tr, x):
+    """The model's output at the final hidden state `x (d,)`: logits for a `SequenceModel`,
+    the normed state for a `Transformer`."""
+    h = tr.norm(x)
+    return model.readout(h) if isinstance(model, SequenceModel) else h
 
 
 def _blocks(model) -> tuple:
@@ -133,10 +147,7 @@ def _step(model, blocks: Optional[tuple], state: DecodeState, token):
     for block, cache in zip(blocks, state.caches):
         x, cache = _block_decode(block, x, cache, state.pos)
         caches.append(cache)
-    h, state = tr.norm(x), DecodeState(tuple(caches), state.pos + 1)
-    if isinstance(model, SequenceModel):
-        return model.readout(h), state
-    return h, state
+    return _output(model, tr, x), DecodeState(tuple(caches), state.pos + 1)
 
 
 def decode_step(model, state: DecodeState, token: Int[Array, ""]
@@ -201,14 +212,10 @@ def _prefill_parallel(model, blocks, tokens, length):
     x = jax.vmap(tr.embed)(tokens) + tr.pos_embed[:tokens.shape[0]]
     caches = []
     for block in blocks:
-        y, cache = block.attention.prefill(jax.vmap(block.norm1)(x))
-        x = x + y
-        if block.ffn is not None:
-            x = x + jax.vmap(block.ffn)(jax.vmap(block.norm2)(x))
+        x, cache = _block_apply(block, x, lambda attn, h: attn.prefill(h), jax.vmap)
         caches.append(cache)
-    h = tr.norm(jax.lax.dynamic_index_in_dim(x, length - 1, keepdims=False))
-    out = model.readout(h) if isinstance(model, SequenceModel) else h
-    return out, DecodeState(tuple(caches), jnp.asarray(length, jnp.int32))
+    last = jax.lax.dynamic_index_in_dim(x, length - 1, keepdims=False)
+    return _output(model, tr, last), DecodeState(tuple(caches), jnp.asarray(length, jnp.int32))
 
 
 def with_solver(model, solver):
@@ -314,10 +321,12 @@ def _decode_rows(model, blocks, state: DecodeState, tok):
     cache write is a scatter (24 of them in the compiled loop of a 4-layer spin model at
     batch 8 on the CPU); with a shared position every write is a slice update in place."""
     pos = state.pos
-    logits, caches = _rows(
-        lambda caches, t: (lambda out: (out[0], out[1].caches))(
-            _step(model, blocks, DecodeState(caches, pos), t)),
-        state.caches, tok)
+
+    def row(caches, t):
+        logits, new = _step(model, blocks, DecodeState(caches, pos), t)
+        return logits, new.caches
+
+    logits, caches = _rows(row, state.caches, tok)
     return logits, DecodeState(caches, pos + 1)
 
 

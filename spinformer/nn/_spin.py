@@ -55,6 +55,11 @@ def _failed(sol) -> Int[Array, ""]:
     return (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
 
 
+def _count_failed(stats: Stats) -> Int[Array, ""]:
+    """How many of the `Stats` (one per head) report a failed solve."""
+    return jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
+
+
 class SpinUpdate(Choice):
     """The mean-field equations of the vector-spin model (`update=`): `MeanFieldUpdate`
     (`"mean_field"`, first order) or `TAPUpdate` (`"tap"`, with the Onsager/feed-forward
@@ -267,7 +272,7 @@ class SteadyState(SpinMode):
 
     def prefill(self, attention, xh, J):
         m, _, stats = self.run(attention, xh, J, None)
-        return m, m, jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
+        return m, m, _count_failed(stats)
 
 
 @register_choice("spin.mode", "steps")
@@ -278,6 +283,10 @@ class TimeSteps(SpinMode):
     steps: ClassVar[bool] = True
 
     def run(self, attention, xh, J, state):
+        return self._steps(attention, xh, J, state)[:3]
+
+    def _steps(self, attention, xh, J, state):
+        """`_time_steps` of every head: `(m, m_prev, stats, levels (H, K, n, D_h))`."""
         m0 = attention.init.initial(attention, xh, state)  # φ of the gained fields
         return jax.vmap(lambda xx, jj, m0_: attention._time_steps(m0_, xx, jj))(xh, J, m0)
 
@@ -297,15 +306,9 @@ class TimeSteps(SpinMode):
         return m, M, failed
 
     def prefill(self, attention, xh, J):
-        # the levels are the states before each step, as `decode` stores them (the whole
-        # sequence's steps; failed counts the steps whose solve failed, per head)
-        m = attention.init.initial(attention, xh, None)
-        levels, failed = [], jnp.zeros((), jnp.int32)
-        for _ in range(attention.num_steps):
-            levels.append(m)
-            m, st = jax.vmap(attention._one_step)(m, xh, J)
-            failed = failed + jnp.sum(st.result != solvers.RESULTS.successful)
-        return m, jnp.stack(levels), failed.astype(jnp.int32)
+        # the levels are the states before each step, as `decode` stores them
+        m, _, stats, levels = self._steps(attention, xh, J, None)
+        return m, jnp.moveaxis(levels, 1, 0), _count_failed(stats)
 
 
 class SpinOutput(Choice):
@@ -621,8 +624,7 @@ class SpinAttention(eqx.Module):
             m, m_prev, stats = self.mode.run(self, xh, J, state)
 
         out = merge_heads(m)
-        y = merge_heads(self.output.of(m, xh, beta=beta, R=R))
-        y = jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
+        y = self._respond(m, xh)
         if return_diagnostics:
             corr = sigma = None
             if context is None:
@@ -649,6 +651,13 @@ class SpinAttention(eqx.Module):
             return D, vector.entropy_production(jj, D, beta=beta)
 
         return jax.vmap(one)(m, m_prev, J)
+
+    def _respond(self, m: Float[Array, "h n dh"], xh: Float[Array, "h n dh"]
+                 ) -> Float[Array, "n d"]:
+        """The layer's output `(n, d)` from the magnetizations and gained fields of every
+        head: the `output` choice, heads merged, through `out_proj` when there is one."""
+        y = merge_heads(self.output.of(m, xh, beta=self.beta, R=self.radius))
+        return jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
 
     # -- the spin dynamics, one head -------------------------------------------------------
 
@@ -680,23 +689,25 @@ class SpinAttention(eqx.Module):
         return sol.value, Stats.of(sol)
 
     def _time_steps(self, m0, x, J):
-        """K time steps from m0: the last magnetizations, those one step before, and stats
-        (total inner solver steps, last change, worst result)."""
+        """K time steps from m0: the last magnetizations, those one step before, stats
+        (total inner solver steps, last change, worst result) and the states before each
+        step `(K, n, D_h)` (what incremental decoding caches; unused ones cost nothing)."""
 
         def body(carry, _):
             m, steps, result = carry
             m_new, st = self._one_step(m, x, J)
-            return (m_new, steps + st.num_steps, jnp.maximum(result, st.result)), m_new - m
+            return (m_new, steps + st.num_steps, jnp.maximum(result, st.result)), m
 
         zero = jnp.asarray(0, jnp.int32)
         # A few steps run as straight-line code: in a loop, the backward pass accumulates
         # the couplings' (n, n) cotangent in the loop's carry and transposes J in every
         # iteration; unrolled, XLA fuses across the steps (the layer's forward + backward
         # 1.15x faster at 2 steps, batch 16, 128 tokens, width 64; CPU).
-        (m, steps, result), deltas = jax.lax.scan(
+        (m, steps, result), levels = jax.lax.scan(
             body, (m0, zero, zero), None, length=self.num_steps,
             unroll=self.num_steps <= _UNROLL_STEPS)
-        return m, m - deltas[-1], Stats(steps, jnp.max(jnp.abs(deltas[-1])), result)
+        m_prev = levels[-1]
+        return m, m_prev, Stats(steps, jnp.max(jnp.abs(m - m_prev)), result), levels
 
     # -- incremental decoding (see nn.decode_step) -----------------------------------------
     #
@@ -747,10 +758,8 @@ class SpinAttention(eqx.Module):
             raise ValueError("SpinAttention.prefill: incremental decoding needs causal "
                              "attention; build the model with causal=True.")
         xh, J = self._gain(self.fields(x), self.couplings(x))
-        beta, R = self.beta, self.radius
         m, M, failed = self.mode.prefill(self, xh, J)
-        y = merge_heads(self.output.of(m, xh, beta=beta, R=R))
-        y = jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
+        y = self._respond(m, xh)
         k = split_heads(jax.vmap(self.to_k)(x), self.num_heads)
         return y, {"k": k.astype(x.dtype), "m": M.astype(x.dtype), "failures": failed}
 
