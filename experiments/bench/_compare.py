@@ -73,3 +73,31 @@ def malloc_line() -> str:
     on = hugepages_on()
     return (f"malloc: transparent huge pages {'on' if on else 'off'} (GLIBC_TUNABLES="
             f"{HUGEPAGE_TUNABLE} {'set' if on else 'not set'}; the spinformer command sets it)")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What XLA's cost model counts in one compiled program: floating-point operations,
+    transcendental calls (exp, tanh, sqrt, ...) and bytes read and written. The counts are
+    static: a `while_loop` or `lax.scan` body is counted **once**, whatever its trip count,
+    so compare programs with the same loops, or count the body alone and scale it."""
+
+    flops: float
+    transcendentals: float
+    bytes: float
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.flops + other.flops, self.transcendentals + other.transcendentals,
+                    self.bytes + other.bytes)
+
+    def __mul__(self, k: float) -> "Cost":
+        return Cost(self.flops * k, self.transcendentals * k, self.bytes * k)
+
+
+def xla_cost(fn: Callable[..., Any], *args) -> Cost:
+    """XLA's cost analysis of `jax.jit(fn)(*args)` as compiled for this backend (compiles
+    it; nothing runs)."""
+    ca = jax.jit(fn).lower(*args).compile().cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca  # one entry per device in old jax
+    return Cost(float(ca.get("flops", 0.0)), float(ca.get("transcendentals", 0.0)),
+                float(ca.get("bytes accessed", 0.0)))

@@ -55,7 +55,7 @@ from spinformer.nn._heads import project_heads
 from spinformer.spins import coalitions as co
 from spinformer.spins import ising
 
-from _compare import interleaved, malloc_line, ratio_header, time_call
+from _compare import interleaved, malloc_line, ratio_header, time_call, xla_cost
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "ngt"
 TARGET = 4.0  # NGT fwd+bwd time at most TARGET x softmax's
@@ -127,6 +127,12 @@ def _loss(mx, keys):
 
 _grad = eqx.filter_jit(eqx.filter_grad(_loss))
 _fwd = eqx.filter_jit(_batched)
+
+
+def _grad_cost(module, x, keys):
+    """XLA's cost model of `_grad((module, x), keys)`."""
+    dyn, static = eqx.partition((module, x), eqx.is_array)
+    return xla_cost(lambda d, k: eqx.filter_grad(_loss)(eqx.combine(d, static), k), dyn, keys)
 
 
 @eqx.filter_jit
@@ -272,6 +278,14 @@ def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats):
         verdict = "met" if met else "NOT met"
         rep.text(f"    target NGT fwd+bwd ≤ {TARGET:g}× softmax: **{verdict}** "
                  f"(NGT is {1 / r_fb:.1f}× softmax; ratio {r_fb:.4f} vs ≥ {1 / TARGET:g}).")
+        cn, cs = _grad_cost(ngt, x, keys), _grad_cost(soft, x, keys)
+        rep.text(f"    arithmetic (XLA's cost model, fwd+bwd; the mean-field loop's body counted "
+                 f"once): NGT/softmax FLOPs {cn.flops / cs.flops:.1f}×, bytes "
+                 f"{cn.bytes / cs.bytes:.1f}×, transcendentals "
+                 f"{cn.transcendentals / max(cs.transcendentals, 1.0):.0f}× (NGT "
+                 f"{cn.flops:.3g} FLOPs, {cn.bytes:.3g} bytes; softmax {cs.flops:.3g}, "
+                 f"{cs.bytes:.3g}).")
+        results[mode].update(flops_ratio=cn.flops / cs.flops, bytes_ratio=cn.bytes / cs.bytes)
         rep.text(f"    mean field (forward, {steps.size} solves: batch × heads × games): "
                  f"{steps.mean():.1f} iterations on average (max {steps.max()}), "
                  f"{100 * failed.mean():.1f} % not converged (tol 1e-4, ≤ 100 steps).")

@@ -9,7 +9,11 @@
    <= 1.3: blocks are stacked with `eqx.filter_vmap` and applied with `lax.scan`.
 3. Training throughput (tokens/s) of the spin transformer of a config (default
    `configs/spin_lm/shakespeare_spin.yaml`: depth 4, T = 128) and the same model with softmax
-   attention. Target >= 0.9.
+   attention. Target >= 0.9. Also the arithmetic bound: softmax's FLOPs / spin's FLOPs per
+   training step (XLA's cost model), the ratio the two would have at equal FLOP rates. The
+   spin layer computes softmax's weights as its couplings and then more (the time steps'
+   products), so no implementation of the same model reaches a ratio above that bound
+   unless it runs its extra work faster than the shared part.
 
 The machine is noisy, so each comparison alternates the two contenders, repeats, and reports
 the median of the per-round ratios, always baseline time / ours (> 1: ours is faster).
@@ -33,7 +37,7 @@ import spinformer as sf
 from spinformer import nn, solvers
 from spinformer.spins import vector
 
-from _compare import interleaved, malloc_line, ratio_header, time_call
+from _compare import interleaved, malloc_line, ratio_header, time_call, xla_cost
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -178,7 +182,34 @@ def bench_throughput(config, repeats, quick=False):
           f"{sec.mode} (K = {sec.num_steps}), β = {sec.beta}: spin {toks / ts:,.0f} tokens/s, "
           f"softmax {toks / tm:,.0f} tokens/s")
     print(f"    {ratio_header('softmax', 'spin')}: {r:.2f}   (target >= 0.9)")
+    cost = {k: _step_cost(model, tokens) for k, model in models.items()}
+    bound = cost["softmax"].flops / cost["spin"].flops
+    print(f"    arithmetic per step (XLA's cost model, fwd+bwd): spin {cost['spin'].flops:.3g} "
+          f"FLOPs, {cost['spin'].bytes:.3g} bytes; softmax {cost['softmax'].flops:.3g} FLOPs, "
+          f"{cost['softmax'].bytes:.3g} bytes: bound at equal FLOP rates {bound:.3f}, at "
+          f"equal memory traffic {cost['softmax'].bytes / cost['spin'].bytes:.3f}")
     return r
+
+
+def _step_cost(model, tokens):
+    """XLA's count of one training step's forward + backward. The layers run in a
+    `lax.scan`, whose body the cost model counts once, so the model is counted with its
+    body once and one more block alone is added depth − 1 times (its forward + backward,
+    input gradient included, on the batch's activations)."""
+    params, static = eqx.partition(model, eqx.is_array)
+    whole = xla_cost(lambda p, t: jax.grad(lambda p: _train_loss(eqx.combine(p, static), t))(p),
+                     params, tokens)
+    blocks = model.transformer.blocks
+    block = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, blocks)
+    bp, bs = eqx.partition(block, eqx.is_array)
+    x = jnp.zeros((*tokens.shape, model.transformer.pos_embed.shape[1]))
+
+    def block_grad(bp, x):
+        return jax.grad(lambda bp, x: jnp.sum(jnp.sin(jax.vmap(eqx.combine(bp, bs))(x))),
+                        argnums=(0, 1))(bp, x)
+
+    depth = model.transformer.depth
+    return whole + xla_cost(block_grad, bp, x) * (depth - 1)
 
 
 def main():
