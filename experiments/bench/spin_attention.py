@@ -195,7 +195,9 @@ def _step_cost(model, tokens):
     """XLA's count of one training step's forward + backward. The layers run in a
     `lax.scan`, whose body the cost model counts once, so the model is counted with its
     body once and one more block alone is added depth − 1 times (its forward + backward,
-    input gradient included, on the batch's activations)."""
+    input gradient included, on the batch's activations). A steady-state (`fixed_point`)
+    spin layer's solver loop is counted once too, so for such configs spin's count is low
+    and the printed bound an overestimate (still an upper bound)."""
     params, static = eqx.partition(model, eqx.is_array)
     whole = xla_cost(lambda p, t: jax.grad(lambda p: _train_loss(eqx.combine(p, static), t))(p),
                      params, tokens)
