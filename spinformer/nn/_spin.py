@@ -51,13 +51,9 @@ _MIN_HEAD_DIM = 3
 _UNROLL_STEPS = 8
 
 
-def _failed(sol) -> Int[Array, ""]:
-    return (sol.result != solvers.RESULTS.successful).astype(jnp.int32)
-
-
-def _count_failed(stats: Stats) -> Int[Array, ""]:
-    """How many of the `Stats` (one per head) report a failed solve."""
-    return jnp.sum(stats.result != solvers.RESULTS.successful).astype(jnp.int32)
+def _failed(x) -> Int[Array, ""]:
+    """How many solves of `x` (a `Solution` or `Stats`, one solve or one per head) failed."""
+    return jnp.sum(x.result != solvers.RESULTS.successful).astype(jnp.int32)
 
 
 class SpinUpdate(Choice):
@@ -272,7 +268,7 @@ class SteadyState(SpinMode):
 
     def prefill(self, attention, xh, J):
         m, _, stats = self.run(attention, xh, J, None)
-        return m, m, _count_failed(stats)
+        return m, m, _failed(stats)
 
 
 @register_choice("spin.mode", "steps")
@@ -308,7 +304,7 @@ class TimeSteps(SpinMode):
     def prefill(self, attention, xh, J):
         # the levels are the states before each step, as `decode` stores them
         m, _, stats, levels = self._steps(attention, xh, J, None)
-        return m, jnp.moveaxis(levels, 1, 0), _count_failed(stats)
+        return m, jnp.moveaxis(levels, 1, 0), _failed(stats)
 
 
 class SpinOutput(Choice):
