@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import equinox as eqx
 import jax
 
 
@@ -95,9 +96,10 @@ class Cost:
 
 
 def xla_cost(fn: Callable[..., Any], *args) -> Cost:
-    """XLA's cost analysis of `jax.jit(fn)(*args)` as compiled for this backend (compiles
-    it; nothing runs)."""
-    ca = jax.jit(fn).lower(*args).compile().cost_analysis()
+    """XLA's cost analysis of `fn(*args)` compiled with `eqx.filter_jit` for this backend
+    (arguments may be any pytrees, e.g. modules; compiles, runs nothing)."""
+    compiled = eqx.filter_jit(fn).lower(*args).compile().compiled
+    ca = compiled.cost_analysis()
     ca = ca[0] if isinstance(ca, (list, tuple)) else ca  # one entry per device in old jax
     return Cost(float(ca.get("flops", 0.0)), float(ca.get("transcendentals", 0.0)),
                 float(ca.get("bytes accessed", 0.0)))

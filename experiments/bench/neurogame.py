@@ -129,12 +129,6 @@ _grad = eqx.filter_jit(eqx.filter_grad(_loss))
 _fwd = eqx.filter_jit(_batched)
 
 
-def _grad_cost(module, x, keys):
-    """XLA's cost model of `_grad((module, x), keys)`."""
-    dyn, static = eqx.partition((module, x), eqx.is_array)
-    return xla_cost(lambda d, k: eqx.filter_grad(_loss)(eqx.combine(d, static), k), dyn, keys)
-
-
 @eqx.filter_jit
 def _fwd_diag(module, x, keys):
     """The NGT forward with what the layer computed on the way: the mean-field statistics,
@@ -278,7 +272,7 @@ def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats):
         verdict = "met" if met else "NOT met"
         rep.text(f"    target NGT fwd+bwd ≤ {TARGET:g}× softmax: **{verdict}** "
                  f"(NGT is {1 / r_fb:.1f}× softmax; ratio {r_fb:.4f} vs ≥ {1 / TARGET:g}).")
-        cn, cs = _grad_cost(ngt, x, keys), _grad_cost(soft, x, keys)
+        cn, cs = (xla_cost(eqx.filter_grad(_loss), (m, x), keys) for m in (ngt, soft))
         rep.text(f"    arithmetic (XLA's cost model, fwd+bwd; the mean-field loop's body counted "
                  f"once): NGT/softmax FLOPs {cn.flops / cs.flops:.1f}×, bytes "
                  f"{cn.bytes / cs.bytes:.1f}×, transcendentals "

@@ -133,7 +133,10 @@ def _lm(depth, dim, heads, n, attention, key):
 
 
 def _train_loss(model, tokens):
-    logits = jax.vmap(model)(tokens)
+    return _cross_entropy(jax.vmap(model)(tokens), tokens)
+
+
+def _cross_entropy(logits, tokens):
     return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
         logits, tokens[..., None], -1)[..., 0])
 
@@ -192,26 +195,19 @@ def bench_throughput(config, repeats, quick=False):
 
 
 def _step_cost(model, tokens):
-    """XLA's count of one training step's forward + backward. The layers run in a
-    `lax.scan`, whose body the cost model counts once, so the model is counted with its
-    body once and one more block alone is added depth − 1 times (its forward + backward,
-    input gradient included, on the batch's activations). A steady-state (`fixed_point`)
-    spin layer's solver loop is counted once too, so for such configs spin's count is low
-    and the printed bound an overestimate (still an upper bound)."""
-    params, static = eqx.partition(model, eqx.is_array)
-    whole = xla_cost(lambda p, t: jax.grad(lambda p: _train_loss(eqx.combine(p, static), t))(p),
-                     params, tokens)
-    blocks = model.transformer.blocks
-    block = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, blocks)
-    bp, bs = eqx.partition(block, eqx.is_array)
-    x = jnp.zeros((*tokens.shape, model.transformer.pos_embed.shape[1]))
+    """XLA's count of one training step's forward + backward (`_train_loss`'s gradient).
+    The cost model counts a loop body once, so the layers are applied by a Python loop
+    (`_unroll_call`, the tests' reference for the layer scan) and every layer is counted.
+    A steady-state (`fixed_point`) spin layer's solver loop is still counted once, so for
+    such configs spin's count is low and the printed bound an overestimate (still an upper
+    bound)."""
+    from spinformer.nn._transformer import _unroll_call
 
-    def block_grad(bp, x):
-        return jax.grad(lambda bp, x: jnp.sum(jnp.sin(jax.vmap(eqx.combine(bp, bs))(x))),
-                        argnums=(0, 1))(bp, x)
+    def loss(model, tokens):
+        h = jax.vmap(lambda t: _unroll_call(model.transformer, t))(tokens)
+        return _cross_entropy(jax.vmap(lambda h: model.pool.logits(model.readout, h))(h), tokens)
 
-    depth = model.transformer.depth
-    return whole + xla_cost(block_grad, bp, x) * (depth - 1)
+    return xla_cost(eqx.filter_grad(loss), model, tokens)
 
 
 def main():
