@@ -164,8 +164,8 @@ def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first)
     The fallback must cost nothing where no system failed and, in a batch, only the failed
     systems' share where some did. A `lax.cond` under `vmap` runs both branches for every
     example, and a loop that runs at most once (the earlier design) still reserves its
-    body's batch-sized buffers at every call (measured: a dense fallback that never ran
-    made a batch-64, n = 256 backward pass 40 % slower). So the batched rule is our own
+    body's batch-sized buffers at every call, so even a fallback that never runs slows
+    every batched backward pass down. So the batched rule is our own
     (`custom_vmap`): a loop over the failed examples only, each solved alone (buffers of one
     system's size), and with no vmap a plain conditional.
     """

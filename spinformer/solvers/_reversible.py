@@ -15,11 +15,11 @@ equations, and the reference code; the derivations below were redone here):
 - The reference code measures convergence by a relative 2-norm, ‖z − f(z)‖/(10⁻⁵ + ‖f(z)‖);
   here it is the library's rule, ‖f(z) − z‖ ≤ tol in the solver's norm.
 - The paper calls the gradient exact. It is the exact gradient of the discrete iteration
-  in exact arithmetic only (measured in float64: 1e-16 to 1e-13 relative to `Unrolled()`
-  for N ≤ 5 steps). The forward step contracts (its Jacobian determinant is (1 − β)^{2n}), so
+  in exact arithmetic only: in floating point it matches `Unrolled()` to rounding for a
+  few steps. The forward step contracts (its Jacobian determinant is (1 − β)^{2n}), so
   running it backwards expands rounding errors, and once the forward iteration has
   converged to rounding level the early iterates cannot be rebuilt from the last one. What
-  reaches the gradient is derived and measured in `ReversibleAdjoint`'s docstring: for
+  reaches the gradient is derived in `ReversibleAdjoint`'s docstring: for
   parameters that multiply the state it loses accuracy geometrically in N, at a rate set by
   how strongly f contracts, and can be wrong by orders of magnitude, silently, for weakly
   contracting maps. (Only the abstract and summaries of the paper's body were at hand;
@@ -162,22 +162,15 @@ class ReversibleAdjoint(AbstractAdjoint):
     forward step has eigenvalues μ₊ ≥ μ₋ with μ₊μ₋ = (1 − β)²; the error of a rebuilt
     iterate grows like 1/μ₋ per step while the cotangent meeting it decays like μ₊, so the
     gradient with respect to a parameter that multiplies the state (a weight matrix) has a
-    relative error of about ε·κᴺ, κ = μ₊²/(1 − β)² (ε the machine epsilon; measured on
-    f = λx + b: κ within 10 % of this for λ = ±0.9, 0.5 and β = 0.5, 0.8). A parameter the
+    relative error of about ε·κᴺ, κ = μ₊²/(1 − β)² (ε the machine epsilon). A parameter the
     iterates do not enter (an additive bias) stays exact. As the residual falls like μ₊ᴺ,
     stopping at a residual reduction τ gives an error of about ε·τ^(−p) with
     p = 2(log(1 − β)/log μ₊ − 1), nearly independent of β and set by λ: p ≈ 0.25 for
-    λ = 0.1, 0.9 for 0.3, 2–2.7 for 0.5, 5–6 for 0.7, 18–25 for 0.9. Measured, n = 16,
-    relative error against `Unrolled()` of the weight's gradient:
-
-    - f = tanh(Wx + b), ‖W‖₂ = 0.8: float64 6e-13 to 1e-10 at tol = 1e-6 (N = 27 to 9 for
-      β = 0.5 to 0.9), 1e-8 to 8e-8 at tol = 1e-10; float32 1e-6 to 3e-6 at tol = 1e-3,
-      4e-5 to 2e-4 at tol = 1e-5 (the implicit gradient differs from the iteration's by
-      1e-5, 5e-3, 4e-5 to 9e-5 there). Saturation of tanh bounds the error far past
-      convergence (tol = 0, N ≤ 160: float64 ≤ 3e-7; float32 1e-4 to 3e-4, then NaN by
-      N = 80 for β ≥ 0.8, by 160 for β = 0.5, when the rebuilt iterates overflow).
-    - f = Wx + b, ‖W‖₂ = 0.9 (slow): float64 at tol = 1e-6 4e-4 (β = 0.5), 1e-2 (0.8),
-      4e2 (0.9); float32 at tol = 1e-5 3e2 to 1e8: finite and wrong.
+    λ = 0.1, 0.9 for 0.3, 2–2.7 for 0.5, 5–6 for 0.7, 18–25 for 0.9. A saturating map
+    such as tanh(Wx + b) bounds the error even far past convergence, until the rebuilt
+    iterates overflow (NaN); a weakly contracting linear map gives gradients that are finite
+    and wrong by orders of magnitude (docs/results/peers.md has the errors against
+    `Unrolled()`).
 
     So: use it where f contracts well (λ ≲ 0.5) at a moderate tolerance, as the paper does
     with few steps, preferably in float64, and check against `Unrolled()` on a sample; for

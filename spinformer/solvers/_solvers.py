@@ -46,9 +46,8 @@ def batched_like(tree: Any, ref: Array) -> Any:
     and loops inside loops (a backward solve's fallback) repeat those passes at every level.
     A solve's stopping test depends on its example, so every carry ends up batched anyway:
     tying them all to `ref` (a value of the solve, e.g. its first residual) at the start
-    changes nothing in the compiled loop and makes the first pass the last (tracing the
-    gradient of a 2-layer TAP spin LM, implicit adjoint, batch × heads vmapped: 5.3-5.7 s
-    -> 4.0-4.5 s over five paired runs).
+    changes nothing in the compiled loop and makes the first pass the last, which shortens
+    the tracing of a vmapped solve's gradient.
     The values are unchanged: each numeric leaf gets an exact zero added (a `select`, so a
     NaN or inf in `ref` does not leak in), each boolean leaf is or-ed with False; no
     gradient flows through the tie, and without `vmap` XLA folds it away."""
@@ -146,11 +145,9 @@ class AbstractSolver(eqx.Module):
     implicit adjoint's backward solve are traced. `"highest"` makes float32 matrix products
     float32 on every platform. On NVIDIA GPUs JAX's default is TensorFloat-32 (a 10-bit
     mantissa) for float32 products, whose rounding, about 1e-3 relative, is a floor
-    under the residual: a tolerance below it is reached late or not at all (measured, H200:
-    the DEQ benchmark's backward solves took 78 products to meet 1e-5 under TF32 and 10
-    under `"highest"`, and the whole forward + backward 13.6 ms against 1.4 ms;
-    `experiments/bench/adjoint.py`). On a CPU float32 products are float32 anyway and the
-    setting changes nothing. `None` keeps the caller's setting (for example TF32, for large
+    under the residual: a tolerance below it is reached late or not at all, so a solve
+    takes many more iterations than in float32 (docs/results/peers.md). On a CPU float32
+    products are float32 anyway and the setting changes nothing. `None` keeps the caller's setting (for example TF32, for large
     products where speed matters more than a tight tolerance; then set `tol` above
     about 1e-3).
     """
@@ -273,7 +270,7 @@ def _spd_solve(G: Float[Array, "m m"], b: Float[Array, " m"]) -> Float[Array, " 
 
     The m³/6 scalar operations fuse into one kernel, also batched under `vmap`; a LAPACK or
     cuSOLVER call per iteration (`jnp.linalg.solve`) costs more than the map itself on small
-    problems (measured: the DEQ and TAP solves of `experiments/bench/peers.py`). A singular
+    problems such as the DEQ and TAP solves of `experiments/bench/peers.py`. A singular
     G gives non-finite entries, which Anderson's safeguard turns into a Picard step, as it
     did with the LU solve.
     """
@@ -418,8 +415,7 @@ class Anderson(AbstractFixedPointSolver):
         # Normal update: (x_new, r_new) goes into history slot p. A restart clears the
         # history to the best iterate alone: that iterate goes into slot p and the mask keeps
         # only p, so the (m, n) history is written one row at a time either way (selecting
-        # between a fresh and an updated history copied it twice per step: measured 2x
-        # Picard's time per step on a batch of contractive maps).
+        # between a fresh and an updated history copied the whole history twice per step).
         p = s.pos
         x = jnp.where(bad, anchor_x, x_new)
         r = jnp.where(bad, anchor_r, r_new)
@@ -614,7 +610,7 @@ class Broyden(AbstractRootFinder):
         u = (dx - HdF) / jnp.where(safe, denom, 1.0)
         v = self._apply(s, dx, transpose=True)
         # a full history restarts from H0 (dropping only the oldest update would leave the
-        # later ones, each made relative to it, inconsistent: measured to diverge)
+        # later ones, each made relative to it, inconsistent, and the iteration diverges)
         full = s.k >= self.history
         U = jnp.where(full, 0.0, s.U)
         V = jnp.where(full, 0.0, s.V)
