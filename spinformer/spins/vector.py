@@ -274,8 +274,8 @@ def _tap_row_context(M, x, J, pos, beta, R):
     with W_j = J_j²/(R² γ_j), C = Σ_{j≠p} W_j m_j m_jᵀ, A0 = Σ_{j≠p} J_j²/(1+γ_j),
     T0 = Σ_{j≠p} W_j |m_j|², JM0 = Σ_{j≠p} J_j m_j. The scalars and JM0 are summed here; C m
     is applied as two products with the other rows (`Mo`, row pos zeroed) in each iteration,
-    since forming the D × D matrix C costs L·D² (more than the few iterations it would save:
-    measured 0.87× on the CPU). An iteration then makes two (L, D) products instead of
+    since forming the D × D matrix C costs L·D², more than the few iterations it would save.
+    An iteration then makes two (L, D) products instead of
     three and writes no (L, D) array (`_tap_row_field`)."""
     del beta
     keep = jnp.arange(M.shape[0]) != pos
@@ -472,9 +472,9 @@ def delayed_correlations(
     (R² − ‖m_j‖²)(1 + 1/(R² + ‖m_j‖²)) (R² = D/2 − 1). That is not a double count but a
     partial finite-D correction: at m = 0 the exact, printed and large-D traces are
     R⁴/D = D/4 − 1 + 1/D, D/4 − 1/2 and D/4, and against Monte Carlo of the kinetics the
-    printed form is about twice as close as the large-D one (relative errors 25/11/5.3/2.6 %
-    against 61/24/11/5.2 % at D = 8/16/32/64), while `large_d=False` is within 1 %
-    (experiments/nonequilibrium_mc.py). `large_d=True` keeps one covariance throughout, the
+    printed form is about twice as close as the large-D one, while `large_d=False` is
+    closer than both (experiments/results/nonequilibrium/monte_carlo.md). `large_d=True`
+    keeps one covariance throughout, the
     consistent large-D limit; use `large_d=False` where the O(1/D) error matters.
 
     **Arguments:**
@@ -516,8 +516,8 @@ def entropy_production(
     J_ji) m_i·m_j vanishes (m_t = m_{t−1}), leaving the delayed correlations D. The inverse
     temperature multiplies the sum: M. Bal, "Entropy Production in Non-Equilibrium Neural
     Networks", drops it (harmless at β = 1, off by β otherwise; D itself carries another β,
-    so σ ∝ β² to first order at fixed covariances, e.g. at x = 0 where m = 0 — Monte Carlo
-    gives σ ∝ β^2.00 there).
+    so σ ∝ β² to first order at fixed covariances, e.g. at x = 0 where m = 0, as Monte Carlo
+    confirms).
 
     Sign: the exact stationary σ is a Kullback–Leibler divergence, ≥ 0. With the first-order
     D_ij = β J_ij c_ij (`delayed_correlations`, c_ij = tr(V_i,t V_j,t−1) ≥ 0),
