@@ -66,13 +66,11 @@ class BoltzmannConfig:
     burn_in: int = option(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
     dqa_steps: int = option(200, "dqa: Trotter steps of the simulated anneal")
     dqa_time: float = option(5.0, "dqa: total anneal time")
-    # Picard with damping 0.2, not Anderson: on the 2,048 query systems (batch of 8, 2 layers,
-    # 4 heads, 32 rows) of a generated-NLI training step whose gradient was NaN, Anderson
-    # failed 5 mean-field solves (100 steps, residual ~0.1: its extrapolations stall near a
-    # marginally stable point, where damped Picard reaches a fixed point with spectral
-    # radius 0.45-0.52 in 35-40 steps) and 5 TAP solves; damped Picard failed 0 and 2, and
-    # the batched solve (a vmapped loop runs to its slowest system) took 94 ms against 509
-    # (mean field) and 256 against 763 (TAP). Plain Picard: 0 and 18 failures.
+    # Picard with damping 0.2, not Anderson: near a marginally stable point Anderson's
+    # extrapolations stall and the solve fails, where damped Picard reaches a stable fixed
+    # point; a vmapped solve runs until its slowest system, so those failures also make
+    # Anderson slower. Plain Picard fails more TAP solves than damped Picard. The
+    # measurements are in docs/families/boltzmann.md.
     solver: solvers.SolverOptions = option(
         solvers.SolverOptions(name="picard", tol=1e-4, max_steps=100, damping=0.2),
         "mean_field/tap: the fixed-point solver")
@@ -497,9 +495,8 @@ class BoltzmannAttention(eqx.Module):
       tolerance and step budget; default `Anderson(tol=1e-4, max_steps=100)`).
       `throw=False` (the default, as in the spin, free-energy and Hopfield attentions)
       returns the solver's best iterate and reports a failed solve in the diagnostics'
-      solver statistics, which the trainer counts; `throw=True` raises instead. (It raised
-      by default until the attention zoo, where one failed solve in a training step ended
-      every mean-field run on 32-character sequences, at steps 240 and 520.)
+      solver statistics, which the trainer counts; `throw=True` raises instead, and then a
+      single failed solve ends a training run.
     - `use_bias`: biases on the q/k/v/out projections.
     - `key`: PRNG key.
 

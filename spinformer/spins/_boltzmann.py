@@ -36,19 +36,13 @@ s_k = 1 − 2·bit_k as in `ising`):
   Under vmap with shared couplings (a batch of sequences), the batch's columns share the
   tables, a few instances per block: a few large products instead of many small ones.
 
-Measured (`experiments/bench/boltzmann.py`, 2 CPU cores): against the earlier design (chunks
-of 2^12 configurations with every query, shared coupling energy per chunk), forward + backward
-at T = 16 causal 2.9x faster, and the useful FLOP rate of the causal forward at T = 20 from 3%
-to 19% of a 2048³ matmul's rate; a training step of exact Boltzmann attention at T = 12 and
-16 (batch 64) 4.0x and 2.7x faster. The one-column-per-row layout with the energy and the
-partition sum folded into the two products (against the earlier one column per table column,
-(2^r, blk), with separate passes for the shared energy, the maximum, the sum and a transposed
-product), same run, interleaved: the forward 1.6x (T = 16 causal), 2.1x (T = 16 non-causal),
-2.0x (T = 20 causal), 2.0x (T = 20 non-causal); forward + backward of a batch of 64 sequences
-× 4 heads sharing J 1.5x, 2.4x, 2.2x (T = 8, 12, 16 causal); the useful FLOP rate of the
-causal forward at T = 20 from 13-24 % to 24-38 % of the matmul's rate (five runs, median 29 %).
-A stabiliser bounded from the fields instead of the table's maximum (one pass fewer) gained
-5-10 % and would need a fallback for strong couplings; not kept.
+The tables replace an earlier design (chunks of 2^12 configurations with every query, the
+coupling energy shared per chunk), and one row per column with the energy and the partition
+sum folded into the two products replaces one column per table column with separate passes
+for the shared energy, the maximum, the sum and a transposed product: both changes make
+fewer, larger products, which run closer to the matmul's FLOP rate. A stabiliser bounded
+from the fields instead of the table's maximum would save a pass but needs a fallback for
+strong couplings, so the maximum is kept. Timings: `experiments/results/boltzmann/bench.md`.
 """
 
 from __future__ import annotations
