@@ -47,10 +47,10 @@ converges (as K → ∞) to E_q[(g/q)Δ]/E_q[g/q] = Σ_C g(C)Δ(C)/Σ_C g(C), i.
 - Pair branch: the limit is J^γ_ij = Σ_C e^{v(C)/γ} Δ_ij(C) / Σ_C e^{v(C)/γ} over
   C ⊆ N∖{i,j} (`gibbs_interactions`).
 
-Numerically (`experiments/ngt_worked_example.py`: three random 8-player norm games, K = 2^14
-draws, γ = 0.25, 1, 100) all three branches sit within 0.012 of these limits, while the
-Shapley branch misses φ by 0.10–0.53 and, at γ ≤ 1, the Banzhaf branch misses β by 0.09–0.37
-and the pair branch misses J by 0.06–0.30.
+Numerically (`experiments/ngt_worked_example.py`, on random norm games with many draws) all
+three branches sit at these limits, while the Shapley branch misses φ and, at small γ, the
+Banzhaf and pair branches miss β and J by amounts comparable to the values themselves
+(`experiments/results/ngt/estimators.md`).
 
 Only as γ → ∞ do the Banzhaf and pair branches become consistent for β and J; the Shapley
 branch is consistent for the Shapley value at no γ (for games where φ ≠ β). As γ → 0 the
@@ -391,10 +391,9 @@ def gibbs_interactions(
 
 
 # Sums over the draws (the leading axis) in the interactions' reverse pass, as a chain of
-# adds of slices up to this many draws: XLA on CPU fused the reduction over the leading axis
-# with the elementwise work that produces it into a loop 10-20x slower (K = 15, n = 64,
-# under vmap). Not for arrays that are differentiated again (the reverse pass of the
-# slices is costly).
+# adds of slices up to this many draws: XLA on CPU fuses the reduction over the leading axis
+# with the elementwise work that produces it into a much slower loop (under vmap). Not for
+# arrays that are differentiated again (the reverse pass of the slices is costly).
 _UNROLL_DRAWS = 64
 
 
@@ -432,8 +431,8 @@ def _ranks(u):
     ui, uj = u[..., :, None], u[..., None, :]
     idx = jnp.arange(n)
     before = (uj < ui) | ((uj == ui) & (idx[None, :] < idx[:, None]))
-    # counted by a product with a ones vector (exact in float32 for n < 2^24): XLA:CPU's
-    # integer sum over the last axis took 2x as long (draws of 32 games, n = 64, K = 15)
+    # counted by a product with a ones vector (exact in float32 for n < 2^24), which XLA:CPU
+    # runs faster than an integer sum over the last axis
     ones = jnp.ones((n,), jnp.float32)
     count = jnp.einsum("...ij,j->...i", before.astype(jnp.float32), ones, precision=HIGHEST)
     return count.astype(jnp.result_type(int))  # the default integer, as jnp.sum's
@@ -469,8 +468,8 @@ def shapley_mc(
         order = jnp.zeros_like(rank).at[jnp.arange(K)[:, None], rank].set(jnp.arange(n))
         vec = v.vectors[order] * players[order][..., None].astype(v.vectors.dtype)
         # prefix of length t + 1, (K, n, d): one (n, n) lower-triangular matmul shared by
-        # every draw (and every game under vmap); the estimator's gradient over 32 games of
-        # 64 players, K = 15, took 5.3 ms this way against 8.1 ms with `jnp.cumsum` (CPU)
+        # every draw (and every game under vmap), whose gradient is cheaper than
+        # `jnp.cumsum`'s
         tri = jnp.asarray(np.tril(np.ones((n, n))), vec.dtype)
         sums = jnp.einsum("ts,ksd->ktd", tri, vec, precision=HIGHEST)
         sq = jnp.concatenate([jnp.zeros((K, 1), sums.dtype), jnp.sum(sums * sums, -1)], 1)
@@ -576,7 +575,8 @@ def _double_flip_sq(sq, s, G, a, size):
 def _double_flip_values(f, sq, s, G, a, size):
     """v(B ⊕ {i, j}) `(K, n, n)` of the game f(‖Σ_C u‖) for every draw and pair (see
     `_double_flip_sq`). A custom VJP: its reverse pass is one fused elementwise pass and
-    three reductions over the (K, n, n) array; autodiff's was ~10x the forward."""
+    three reductions over the (K, n, n) array, where autodiff's costs many times the
+    forward."""
     return _NONLINEARITIES[f.value](_safe_sqrt(_double_flip_sq(sq, s, G, a, size)))
 
 
@@ -800,8 +800,8 @@ def ngt_estimates(
     (the Shapley proposal has probability p/m, so the 1/p factor undoes it), and the pair
     branch into `gibbs_interactions(v, n, gamma=gamma)`. As γ → ∞ these become the Banzhaf
     index and the Banzhaf interaction index; the Shapley value is the limit of neither (on
-    random 8-player norm games at K = 2^14 the Shapley branch misses φ by 0.10–0.53 for
-    γ from 0.25 to 100, and sits within 0.012 of β^γ). At finite K self-normalisation adds
+    random norm games the Shapley branch converges to β^γ and misses φ at every γ:
+    `experiments/results/ngt/estimators.md`). At finite K self-normalisation adds
     an O(1/K) bias (at K = 1 the estimators are plain, unbiased Monte Carlo for φ, β and J).
 
     **Arguments:**
