@@ -250,7 +250,8 @@ class AttractorNetwork(eqx.Module):
       paper says "the L2 norm of the matrix is kept fixed", and calls each 𝕁_ij "a d × d
       matrix"; holding every block's norm is also what reproduces its transient memories
       (with the whole tensor's norm fixed, training concentrates the couplings on a few pairs
-      and the masked-prediction optimum moves from t ≈ 2 to t ≈ 15, measured on Fashion-MNIST).
+      and the masked-prediction optimum moves to much later times, with a smaller gain;
+      experiments/results/attractor/findings.md).
     - `key`: couplings uniform in [−1/(2d), 1/(2d)] (paper sec. V-B), 𝕁_ii = 0; the embedding.
 
     Calling the module, `net(x)`, is one step of the dynamics at `lam_test` (the attention

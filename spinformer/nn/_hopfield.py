@@ -143,11 +143,10 @@ class HopfieldAttention(eqx.Module):
       retrieval in the diagnostics instead of raising. Why not `Implicit()`: on bracket
       matching (configs/brackets_hopfield.yaml) training moves the learned queries and keys
       to where retrievals sit near bifurcations of the update (its Jacobian
-      β Kᵀ(diag p − ppᵀ)K nears an eigenvalue 1), the implicit backward solve misses its
-      tolerance there (relative residual ~1e-2 from step ~900) and gives NaN gradients, and
-      1,312 of 2,406 steps were skipped before the run stopped; with `Phantom()` (and with
-      `mode="steps"`) no step was skipped and the task was learned (validation accuracy 1.0
-      at 3,000 steps, like softmax).
+      β Kᵀ(diag p − ppᵀ)K nears an eigenvalue 1), where the implicit backward solve misses
+      its tolerance and gives NaN gradients, so most training steps are skipped; phantom
+      gradients (and `mode="steps"`) stay finite there and learn the task as softmax does
+      (docs/families/hopfield.md has the run).
     - `use_bias`: biases on the q/k/v/out maps.
     - `key`: PRNG key.
     """

@@ -52,7 +52,8 @@ descent on any single energy, and E need not decrease along it.
 Everything here handles one configuration `x (N, d)`; vmap over a batch. One step costs
 O(N² d²): each receiving token's row (its scores and messages, a batched contraction over the
 N source tokens) is computed in a compiled `lax.map` over the tokens, which keeps each row's
-couplings and messages in cache (3.4× faster on CPU than one contraction over all N² pairs).
+couplings and messages in cache, which is faster on CPU than one contraction over all N²
+pairs.
 """
 
 from __future__ import annotations

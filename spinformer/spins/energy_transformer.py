@@ -25,7 +25,7 @@ dynamics dE/dt = −τ⁻¹ Σ_A (∂E/∂g_A)ᵀ (∂²L/∂x_A²) (∂E/∂g_A
 convex: this needs **γ > 0** (the paper's learned γ has no sign constraint stated; with
 γ < 0 the Hessian is negative semi-definite and the energy rises; tested), so callers keep
 γ positive. With a finite step the energy is non-increasing only while α is small enough
-(measured in the tests and the notebook).
+(checked in the tests and the notebook).
 
 **The descent has no fixed point in x.** E depends on x only through g, which does not
 change when x_A is shifted along (1, …, 1) or scaled, and ∂E/∂g generally has components
@@ -33,9 +33,8 @@ along those directions that never vanish (g lives on a sphere of radius γ√D a
 a minimum of E need not be a zero of its gradient in R^D). So x keeps moving — ‖x‖ grows
 about linearly with the number of steps — while g converges: the part of ∂E/∂g the layer
 norm passes on (`stationarity`, zero at a stationary point of E on the layer-norm sphere)
-decays (slowly, not monotonically), and slower the larger ‖x‖ is, since a step moves g by ~α/σ(x_A) (measured: ‖x‖ ≈
-6.5 per step on a random instance while ‖∂E/∂g‖ stays ≈ 66 and the passed-on part falls
-13 → 3.3 from step 10 to 4000; tested). "Tokens converge to a fixed point" holds for g,
+decays (slowly, not monotonically), and slower the larger ‖x‖ is, since a step moves g by
+~α/σ(x_A), while ‖∂E/∂g‖ itself stays of the same size (tested). "Tokens converge to a fixed point" holds for g,
 not for x: anything that reads x_T (rather than LN(x_T)) drifts with the number of steps,
 and an equilibrium mode (solve for the stationary point, differentiate implicitly) would
 have to be posed on g's sphere, not as a fixed point of the x update.
