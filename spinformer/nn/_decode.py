@@ -318,8 +318,8 @@ def _encode(model, blocks, buf, n, start, incremental):
 def _decode_rows(model, blocks, state: DecodeState, tok):
     """`_step` for every row: the caches are batched, the position `state.pos` is one scalar
     that the rows share (they have one length). Under a vmap over a batched position each
-    cache write is a scatter (24 of them in the compiled loop of a 4-layer spin model at
-    batch 8 on the CPU); with a shared position every write is a slice update in place."""
+    cache write is a scatter (several per layer in the compiled loop); with a shared
+    position every write is a slice update in place."""
     pos = state.pos
 
     def row(caches, t):

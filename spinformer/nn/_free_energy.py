@@ -23,7 +23,7 @@ failed saddle is reported in the diagnostics (and raises with `throw=True`); its
 zero and passes no gradient, never NaN.
 
 On a CPU with few cores, jaxlib 0.10's batched Cholesky can deadlock XLA's thread pool
-inside a training step (seen on 2 cores at batch 32, 4 heads, 32 tokens). The project's
+inside a training step. The project's
 dependency bounds exclude jaxlib 0.10, and `train.fit` warns if it is installed anyway
 (docs/guides/installing.md, "Known problem").
 """

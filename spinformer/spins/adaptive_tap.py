@@ -97,7 +97,7 @@ What the source (Bal 2021) gets wrong or leaves ambiguous:
   covariance, is wrong: Λ_i = V_i + χ_i⁻¹ with the local covariance χ_i = (Σ⁻¹ − V_i)⁻¹, so
   Λ_i = Σ⁻¹ (independent of V). Read literally (Λ_i = V_i + I for Σ = I), the iteration
   converges to cavity variances with [(I + 𝐕 − 𝐉)⁻¹]_ii = I, which are not the exact ones
-  (in a 6-site scalar example with ‖𝐉‖ ≈ 0.5 the marginal variances come out ~1 % low). The
+  (the marginal variances come out too low; experiments/results/implicit/findings.md). The
   linear system printed next to it, (δ_ik − Σ_i J_ik + Σ_i V_i δ_ik) χ_kj = Σ_i δ_ij, is right
   only if Σ_i means that local covariance.
 - χ_ij = ∂² log Z_0^{(i)}/∂x_i∂x_j: the single-site Z_0^{(i)} depends on x_i only; the

@@ -91,8 +91,9 @@ return arrays return NaN for it (never a silent wrong value).
 **Costs** (one system): each Newton step factorises V (Cholesky, N³/3), forms V⁻¹ (N³),
 V⁻¹GV⁻¹ (2N³) and the N × N Hessian, and solves with it (Cholesky, N³/3), plus one
 Cholesky per backtracking trial (usually one): O(N³) per step, independent of D, as the
-saddle depends on H only through G = HHᵀ (N²D once). Typically 4–10 steps from the default
-start (measured: at most 11 over β = 0.1 … 10⁸ and couplings of spectral radius up to ~8).
+saddle depends on H only through G = HHᵀ (N²D once). The default start is close enough that
+a handful of steps suffice over a wide range of β and coupling strengths
+(experiments/results/implicit/findings.md).
 `magnetizations` adds N²D. The backward pass (`SaddleImplicit`) is one more Hessian and
 Cholesky solve plus one VJP of ∇φ, O(N³); the matrix-free `solvers.Implicit` would need up
 to N products of O(N³) each.
