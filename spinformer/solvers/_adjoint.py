@@ -61,9 +61,9 @@ class Unrolled(AbstractAdjoint):
 class Implicit(AbstractAdjoint):
     r"""Implicit differentiation at the solution (implicit function theorem).
 
-    For a fixed point x* = g(x*, θ) the cotangent ḡ of x* is pulled back by solving the
-    adjoint linear system (I − ∂g/∂x)ᵀ w = ḡ at x* and returning wᵀ ∂g/∂θ; for a root
-    F(x*, θ) = 0 it solves (∂F/∂x)ᵀ w = −ḡ. Matrix-free: only vector–Jacobian products of the
+    For a fixed point `x* = g(x*, θ)` the cotangent `ḡ` of `x*` is pulled back by solving the
+    adjoint linear system `(I − ∂g/∂x)ᵀ w = ḡ` at `x*` and returning `wᵀ ∂g/∂θ`; for a root
+    `F(x*, θ) = 0` it solves `(∂F/∂x)ᵀ w = −ḡ`. Matrix-free: only vector–Jacobian products of the
     map are used, the Jacobian is never formed. Memory does not depend on how many forward
     iterations were taken.
 
@@ -327,7 +327,7 @@ class Phantom(AbstractAdjoint):
     (the fraction of the old iterate kept; 0 is the undamped map, and the paper's λ is
     1 − damping).
 
-    The forward value is exactly the solved x*; only the gradient is approximate. Cheap and
+    The forward value is exactly the solved `x*`; only the gradient is approximate. Cheap and
     memory-light; the error shrinks as `steps` grows for a contractive map. Fixed points only.
     """
 
@@ -352,7 +352,7 @@ class Phantom(AbstractAdjoint):
 class OneStep(AbstractAdjoint):
     """Jacobian-free backprop (Fung et al., "JFB: Jacobian-Free Backpropagation for Implicit
     Networks", AAAI 2022): the gradient of one application of the map
-    at the solution, ∂g(x*, θ)/∂θ, i.e. (I − ∂g/∂x)⁻¹ replaced by I. Fixed points only.
+    at the solution, `∂g(x*, θ)/∂θ`, i.e. `(I − ∂g/∂x)⁻¹` replaced by `I`. Fixed points only.
     """
 
     def attach(self, prob, args, run_loop, throw):
@@ -399,7 +399,7 @@ def spectral_radius(
 ) -> jax.Array:
     """Estimate the spectral radius of ∂fn/∂x at `x`: whether a fixed point attracts.
 
-    A fixed point x* = fn(x*) is stable (plain iteration converges to it) when the spectral
+    A fixed point `x* = fn(x*)` is stable (plain iteration converges to it) when the spectral
     radius ρ of the Jacobian is below 1. Anderson, Broyden and Newton also converge to
     unstable fixed points (ρ > 1) — e.g. the paramagnetic TAP solution below the critical
     temperature — so checking ρ tells which one was found. Uses Gelfand's formula
