@@ -44,17 +44,17 @@ with respect to X_j gives ∂⟨S_i⟩/∂X_j = χ_i (δ_ij + Σ_k (J_ik − V_i
 
     𝛘 = (𝚲 − 𝐉)⁻¹,   𝚲 = blockdiag(Λ_i),   Λ_i = V_i + χ_i⁻¹          (`susceptibility`),
 
-and adaptive TAP asks the two estimates of the diagonal blocks to agree, [𝛘]_ii = χ_i. With
+and adaptive TAP asks the two estimates of the diagonal blocks to agree, `[𝛘]_ii = χ_i`. With
 𝚲 evaluated at the current V this is the Opper–Winther update (`cavity_update`)
 
     V_i ← Λ_i − [𝛘]_ii⁻¹ = [𝛘]_ii⁻¹ [𝛘 𝐉]_ii,
 
 the right-hand form following from 𝛘(𝚲 − 𝐉) = I; it avoids the cancellation of two large
 terms when χ_i → 0 (saturated spins), and is computed as 𝛘 = (I + 𝛘_loc(V − 𝐉))⁻¹ 𝛘_loc
-without ever inverting χ_i. By the Schur complement, [𝛘]_ii⁻¹ = Λ_i − 𝐉_{i,∖i}
-[(𝚲 − 𝐉)_{∖i∖i}]⁻¹ 𝐉_{∖i,i}, so the update is V_i ← 𝐉_{i,∖i} [(𝚲 − 𝐉)_{∖i∖i}]⁻¹ 𝐉_{∖i,i}:
-the covariance of the cavity field in the linear-response system with site i removed, as it
-should be.
+without ever inverting χ_i. By the Schur complement,
+`[𝛘]_ii⁻¹ = Λ_i − 𝐉_{i,∖i} [(𝚲 − 𝐉)_{∖i∖i}]⁻¹ 𝐉_{∖i,i}`, so the update is
+`V_i ← 𝐉_{i,∖i} [(𝚲 − 𝐉)_{∖i∖i}]⁻¹ 𝐉_{∖i,i}`: the covariance of the cavity field in the
+linear-response system with site i removed, as it should be.
 
 Exact for Gaussian models: with the Gaussian prior Λ_i = V_i + (I − V_i) = I whatever V is,
 so 𝛘 = (I − 𝐉)⁻¹ exactly, one update gives V_i = I − [(I − 𝐉)⁻¹]_ii⁻¹
@@ -66,7 +66,7 @@ converges, not where.)
 
 Iteration: `adaptive_tap` solves the joint fixed point of (m, V) ↦ (f(a + X; V), update(V))
 with `solvers.fixed_point` (Anderson by default). At fixed m (binary prior, where χ_i does not
-depend on V for d = 1) the V-map has Jacobian ∂V_i'/∂V_k = δ_ik − [𝛘]_ik²/[𝛘]_ii² (scalar
+depend on V for d = 1) the V-map has Jacobian `∂V_i'/∂V_k = δ_ik − [𝛘]_ik²/[𝛘]_ii²` (scalar
 case): its diagonal vanishes, so it converges like a Jacobi iteration whose rate is the size of
 the off-diagonal susceptibilities, O(β²) for SK couplings of strength β; for the Gaussian
 prior it converges in one step. The m-map has Jacobian χ_i(J_ik − V_i δ_ik).
@@ -426,9 +426,9 @@ def cavity_update(
 ) -> Float[Array, "N d d"]:
     """One Opper–Winther update of the cavity variances at fixed local covariances.
 
-    V_i ← Λ_i − [𝛘]_ii⁻¹ = [𝛘]_ii⁻¹ [𝛘𝐉]_ii with 𝛘 = (𝚲 − 𝐉)⁻¹, Λ_i = V_i + C_i⁻¹ (the
-    post's "χ_ii V_i = χ_ii Λ_i − 1" with χ_ii = [𝛘]_ii); its fixed points satisfy
-    [𝛘]_ii = C_i. Cost O((N d)³).
+    `V_i ← Λ_i − [𝛘]_ii⁻¹ = [𝛘]_ii⁻¹ [𝛘𝐉]_ii` with `𝛘 = (𝚲 − 𝐉)⁻¹`, `Λ_i = V_i + C_i⁻¹` (the
+    post's "χ_ii V_i = χ_ii Λ_i − 1" with `χ_ii = [𝛘]_ii`); its fixed points satisfy
+    `[𝛘]_ii = C_i`. Cost O((N d)³).
 
     **Arguments:** `V` current cavity variances `(N, d, d)`; `C` local covariances χ_i
     `(N, d, d)` (e.g. from `site_moments`); `J` couplings `(N, N, d, d)`.

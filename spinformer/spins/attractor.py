@@ -31,7 +31,7 @@ descent on any single energy, and E need not decrease along it.
   loss can be lowered without bound by growing the couplings (hence the paper's fixed norm).
   The conditional exp(−e_i) restricted to the unit sphere *is* normalisable in closed form:
   Σ_j exp(x_i · v_ij) with v_ij = λ 𝕁_ij x_j is a mixture of von Mises–Fisher densities, and
-  ∫_{S^{d−1}} exp(x · v) dx = (2π)^{d/2} κ^{1−d/2} I_{d/2−1}(κ), κ = ‖v‖. So
+  `∫_{S^{d−1}} exp(x · v) dx = (2π)^{d/2} κ^{1−d/2} I_{d/2−1}(κ)`, `κ = ‖v‖`. So
 
       −log p(x_i | x_{∖i}) = e_i + log Σ_{j≠i} Z_d(‖λ 𝕁_ij x_j‖)
 
@@ -236,7 +236,7 @@ def _log_series_jvp(nu, primals, tangents):
 
 
 def log_sphere_partition(kappa: Float[ArrayLike, "..."], d: int) -> Float[Array, "..."]:
-    """log ∫_{S^{d−1}} exp(κ μ·x) dx = log[(2π)^{d/2} κ^{1−d/2} I_{d/2−1}(κ)] over the unit
+    """`log ∫_{S^{d−1}} exp(κ μ·x) dx = log[(2π)^{d/2} κ^{1−d/2} I_{d/2−1}(κ)]` over the unit
     sphere in R^d (surface measure; μ any unit vector): the von Mises–Fisher normaliser.
 
     Finite and differentiable for every κ ≥ 0 (κ → 0 gives the sphere's area

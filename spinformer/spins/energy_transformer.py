@@ -22,7 +22,7 @@ E = E_ATT + E_HN:
 The tokens follow τ dx_A/dt = −∂E/∂g_A (the gradient with respect to g, not x), here in steps
 x ← x − α ∂E/∂g (`descent`), with the same weights at every step. Along the continuous
 dynamics dE/dt = −τ⁻¹ Σ_A (∂E/∂g_A)ᵀ (∂²L/∂x_A²) (∂E/∂g_A) ≤ 0 because the Lagrangian is
-convex: this needs **γ > 0** (the paper's learned γ has no sign constraint stated; with
+convex: this needs `γ > 0` (the paper's learned γ has no sign constraint stated; with
 γ < 0 the Hessian is negative semi-definite and the energy rises; tested), so callers keep
 γ positive. With a finite step the energy is non-increasing only while α is small enough
 (checked in the tests and the notebook).

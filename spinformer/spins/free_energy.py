@@ -74,7 +74,7 @@ at finite D, `(log_partition(...) − log_measure(N, D)) / D` is the finite-D va
 **Input-dependent couplings.** Anywhere J is accepted, a callable `J(H) -> (N, N)` may be
 passed. The magnetization is then the total derivative of ln Z: by stationarity the
 saddle's own dependence on H drops out, but J(H)'s does not,
-⟨σ_i⟩ = (D/β) d/dh_i φ(t, H, J(H))|_{t = t*} (raw), computed by autodiff at fixed t*.
+`⟨σ_i⟩ = (D/β) d/dh_i φ(t, H, J(H))|_{t = t*}` (raw), computed by autodiff at fixed `t*`.
 `tanh_couplings` is the post's example.
 
 **Solving.** `saddle` runs `spinformer.solvers.root_find` on ∇φ/β with `SaddleNewton`, a
