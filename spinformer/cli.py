@@ -25,11 +25,24 @@ import yaml
 
 
 def configs_dir() -> pathlib.Path:
-    """`./configs` if it exists, else the `configs/` folder next to the installed package."""
+    """`./configs` if it exists, else the configs shipped inside the installed package
+    (`spinformer/configs`, package data of the wheel), else the `configs/` folder of the
+    checkout the package is imported from (an editable install)."""
+    import importlib.resources
+
     local = pathlib.Path("configs")
     if local.is_dir():
         return local
-    return pathlib.Path(__file__).resolve().parents[1] / "configs"
+    shipped = pathlib.Path(str(importlib.resources.files(__package__) / "configs"))
+    checkout = pathlib.Path(__file__).resolve().parents[1] / "configs"
+    return shipped if shipped.is_dir() or not checkout.is_dir() else checkout
+
+
+def _no_configs_note(d: pathlib.Path) -> str:
+    return (f"no configs found in {d}: this installation ships none. Give a config file "
+            "(`spinformer run path/to/config.yaml`), run from a checkout of the repository "
+            "(its configs/ folder), or reinstall from a checkout with `pip install .`, which "
+            "puts them inside the package.")
 
 
 def find_config(name: str) -> pathlib.Path:
@@ -45,6 +58,8 @@ def find_config(name: str) -> pathlib.Path:
     from .config import ConfigError
 
     names = [n for n, _ in list_configs()] if configs_dir().is_dir() else []
+    if not names:
+        raise ConfigError(f"config {name!r} not found; {_no_configs_note(configs_dir())}")
     near = difflib.get_close_matches(pathlib.Path(name).stem, names, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     raise ConfigError(f"config {name!r} not found.{hint} `spinformer list` shows the shipped "
@@ -84,7 +99,13 @@ class _SignalEcho:
     first step): the C-level handler writes each signal to a pipe (`signal.set_wakeup_fd`),
     and a thread prints a line for the first; a second one ends the process at once (exit
     128 + signal; checkpoints are written atomically, so those on disk are intact). The
-    Python-level handling (a checkpoint after the step in flight) is unchanged."""
+    Python-level handling (a checkpoint after the step in flight) is unchanged.
+
+    A repeat of the same signal within `SAME_REQUEST_S` of the first is the same request
+    delivered twice, not a second one: coreutils `timeout` (and any process-group kill after
+    a direct one) sends SIGTERM to the process and then to its whole group."""
+
+    SAME_REQUEST_S = 0.25
 
     def __enter__(self):
         import os
@@ -105,8 +126,9 @@ class _SignalEcho:
 
     def _echo(self):
         import os
+        import time
 
-        seen = 0
+        seen, first = 0, {}
         while True:
             try:
                 data = os.read(self.read_fd, 64)
@@ -118,6 +140,10 @@ class _SignalEcho:
             for signum in data:
                 if signum not in (signal.SIGINT, signal.SIGTERM):
                     continue
+                now = time.monotonic()
+                if now - first.get(signum, -float("inf")) < self.SAME_REQUEST_S:
+                    continue
+                first.setdefault(signum, now)
                 seen += 1
                 name = signal.Signals(signum).name
                 if seen == 1:
@@ -143,11 +169,15 @@ def _cmd_run(args) -> int:
     from .train import (TrainingInterrupted, initialize_distributed, is_writer, run,
                          skipped_steps_note)
 
+    from .train._experiment import import_run_modules
+
     path = find_config(args.config)
+    out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
+    if args.resume:  # the modules the run was trained with (--import), before its config
+        import_run_modules(out)
     cfg = load_config(path, overrides=args.set)
     # before any JAX computation; a no-op unless several processes are asked for
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
     if args.resume:
         saved = out / "config.yaml"
         if not saved.exists():
@@ -163,7 +193,7 @@ def _cmd_run(args) -> int:
     try:
         with _SignalEcho():
             summary = run(cfg, out, resume=args.resume,
-                          progress=False if args.no_progress else None)
+                          progress=False if args.no_progress else None, imports=args.imports)
     except TrainingInterrupted as e:
         again = " ".join(["spinformer", "run", args.config, "--out", str(out), "--resume"])
         print(f"spinformer: stopped by {signal.Signals(e.signum).name} at step {e.step}: "
@@ -179,9 +209,10 @@ def _cmd_run(args) -> int:
               f"To continue it, resume with --set train.steps=<more than {summary['steps']}>.",
               file=sys.stderr)
     if is_writer():
+        # the shape of summary.json: the final validation metrics under "metrics"
         print(json.dumps({"run_dir": str(out), "steps": summary["steps"],
                           "bad_steps": summary.get("bad_steps", 0),
-                          **summary["metrics"]}, indent=2))
+                          "metrics": summary["metrics"]}, indent=2))
         if summary.get("bad_steps"):
             print(f"spinformer: warning: {skipped_steps_note(summary)}", file=sys.stderr)
     return 0
@@ -221,8 +252,10 @@ def _how_to_run(configs: pathlib.Path, group: str) -> str:
 def _cmd_list(args) -> int:
     rows = list_configs(pathlib.Path(args.dir) if args.dir else None)
     if not rows:
-        print(f"no configs found in {args.dir or configs_dir()}")
-        return 1
+        d = pathlib.Path(args.dir) if args.dir else configs_dir()
+        note = f"no configs found in {d}." if args.dir else _no_configs_note(d)
+        print(f"spinformer: error: {note}", file=sys.stderr)
+        return 2
     width = max(len(n) for n, _ in rows)
     for name, desc in rows:
         print(f"{name:<{width}}  {desc}")
@@ -250,7 +283,9 @@ def _cmd_generate(args) -> int:
     import time
 
     from ._generate import generate_texts, load_language_model
+    from .train._experiment import import_run_modules
 
+    import_run_modules(args.run_dir)  # a run trained with --import: its attention's module
     loaded = load_language_model(args.run_dir)
     t0 = time.perf_counter()
     texts, info = generate_texts(args.run_dir, args.prompt, length=args.length,
@@ -276,7 +311,9 @@ def _cmd_generate(args) -> int:
 
 def _cmd_diagnose(args) -> int:
     from .train import diagnose, diagnostics_table
+    from .train._experiment import import_run_modules
 
+    import_run_modules(args.run_dir)  # a run trained with --import: its attention's module
     try:
         summary = diagnose(args.run_dir, batches=args.batches, starts=args.starts,
                            seed=args.seed, out_dir=args.out, progress=True)
@@ -327,7 +364,8 @@ def _cmd_data(args) -> int:
     have = importlib.util.find_spec("sklearn") is not None
     print("digits  scikit-learn's 8x8 digits (data.task: digits), inside the scikit-learn "
           "package: " + ("installed" if have else "not installed: `pip install scikit-learn` "
-                         "(or the dev extra, `pip install -e \".[dev]\"`)"))
+                         "(or an extra that has it: `pip install -e \".[notebooks]\"` or "
+                         "`\".[dev]\"`)"))
     return 0
 
 
@@ -342,28 +380,13 @@ def import_user_modules(names: Sequence[str]) -> None:
     """Import each `--import` module before configs are read, so that what it registers
     (an attention, an option) is a valid config value: a path to a `.py` file, or a dotted
     module name (found on `sys.path`, with the current directory first). A module that
-    cannot be imported is a `ConfigError` naming it and the error."""
-    import importlib
-    import importlib.util
+    cannot be imported is a `ConfigError` naming it and the error. `spinformer run` records
+    them in the run directory (`imports.json`), and the commands that read a run's config
+    again (`diagnose`, `generate`, `run --resume`) import them by themselves."""
+    if names:
+        from .train._experiment import import_modules
 
-    from .config import ConfigError
-
-    for name in names:
-        try:
-            path = pathlib.Path(name)
-            if name.endswith(".py"):
-                if not path.is_file():
-                    raise FileNotFoundError(f"no file {name}")
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
-            else:
-                if "" not in sys.path and str(pathlib.Path.cwd()) not in sys.path:
-                    sys.path.insert(0, str(pathlib.Path.cwd()))
-                importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported
-            raise ConfigError(f"--import {name}: {type(e).__name__}: {e}") from None
+        import_modules(names)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,23 +481,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     supports it (`spinformer._toolchain.hugepage_environment`: a training step of the
     Shakespeare spin config 1.2-1.4x faster on the CPU); `SPINFORMER_HUGEPAGES=0` turns
     that off."""
-    from .config import ConfigError
+    try:  # everything that imports JAX is inside: a Ctrl-C then is one line
+        if argv is None:  # `python -m spinformer` runs the package, not this file's path
+            from ._toolchain import restart_with_hugepages
 
-    if argv is None:  # `python -m spinformer` runs the package, not this file's path
-        from ._toolchain import restart_with_hugepages
+            restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
+        from .config import ConfigError
 
-        restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
-    args = build_parser().parse_args(argv)
-    try:
-        import_user_modules(getattr(args, "imports", []))
-        return args.fn(args)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"spinformer: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # before training started (setup), or a second Ctrl-C
+        args = build_parser().parse_args(argv)
+        try:
+            import_user_modules(getattr(args, "imports", []))
+            return args.fn(args)
+        except (ConfigError, FileNotFoundError) as e:
+            print(f"spinformer: error: {e}{_import_hint(e)}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:  # while starting (imports), setting up, or a second Ctrl-C
         print("spinformer: interrupted (checkpoints already on disk are intact)",
               file=sys.stderr)
         return 130
+
+
+def _import_hint(e: Exception) -> str:
+    """For an attention name the registry does not know: how to register one's own."""
+    msg = str(e)
+    if "model.attention" in msg and "is not one of" in msg:
+        return (" If it is your own attention, import the module that registers it: "
+                "`spinformer run CONFIG --import my_attention.py` (or a dotted module name).")
+    return ""
 
 
 if __name__ == "__main__":  # pragma: no cover

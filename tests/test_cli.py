@@ -24,9 +24,10 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
         "data.batch_size": 4, "data.eval_batches": 1, "data.seq_len": min(cfg.data.seq_len, 12),
         "model.dim": 8 * heads, "model.num_heads": heads, "model.depth": min(cfg.model.depth, 2),
         "model.ffn_hidden": min(cfg.model.ffn_hidden, 16),
-        "model.spin.solver.max_steps": min(cfg.model.spin.solver.max_steps, 8),
-        "model.spin.num_steps": min(cfg.model.spin.num_steps, 2),
     }
+    if cfg.model.attention == "spin":  # a config holds only its attention's section
+        sets["model.spin.solver.max_steps"] = min(cfg.model.spin.solver.max_steps, 8)
+        sets["model.spin.num_steps"] = min(cfg.model.spin.num_steps, 2)
     if cfg.data.task in ("nli", "snli"):  # sentence pairs need their length
         sets["data.seq_len"] = cfg.data.seq_len
         sets["model.neurogame.train_samples"] = 3
@@ -60,9 +61,14 @@ def test_every_config_runs_shrunk(path, tmp_path, capsys):
     assert cli.main(args) == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and printed["accuracy"] == summary["metrics"]["accuracy"]
+    # the printed result has summary.json's shape: the metrics under "metrics"
+    assert summary["steps"] == 2 and printed["metrics"] == summary["metrics"]
     saved = C.load_config(out / "config.yaml")
     assert saved.model.attention == cfg.model.attention
+    # what was trained, from the config (not its file's text, written for its defaults)
+    assert summary["description"].startswith(f"{saved.model.attention} attention, data.task "
+                                             f"{saved.data.task}")
+    assert summary["config_description"] == cfg.description
     assert saved.data.task == ("digits" if cfg.data.task == "fashion_mnist" else cfg.data.task)
     assert (out / "loss.png").exists() and (out / "accuracy.png").exists()
 
@@ -214,12 +220,127 @@ def test_own_attention_from_the_command_line(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "attention: halfsoft" in (out / "config.yaml").read_text()
-    # without the import the name is unknown, and a broken module is named
+    # without the import the name is unknown (with a pointer to --import), and a broken
+    # module is named
     proc = subprocess.run([sys.executable, "-m", "spinformer", *args[:2], "--set",
                            "model.attention=halfsoft"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "halfsoft" in proc.stderr
+    assert proc.returncode == 2 and "halfsoft" in proc.stderr and "--import" in proc.stderr
     bad = tmp_path / "broken.py"
     bad.write_text("raise RuntimeError('oops')\n")
     proc = subprocess.run([sys.executable, "-m", "spinformer", "run", "quickstart", "--import",
                            str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2 and "--import" in proc.stderr and "oops" in proc.stderr
+
+
+def _forget(name, module):
+    """Undo what a test's in-process import of a user module registered."""
+    from spinformer import nn
+
+    if name in nn.attention_names():
+        nn.unregister_attention(name)
+    sys.modules.pop(module, None)
+
+
+def test_run_with_import_is_read_again_without_it(tmp_path, capsys, monkeypatch):
+    """A run trained with `--import` records its modules (`imports.json`, the path made
+    absolute): `run --resume` and `diagnose` import them again without `--import`, from
+    another directory. diagnose prints each stage's own duration."""
+    mod = tmp_path / "mine_attention.py"
+    mod.write_text(
+        "from spinformer import nn\n\n\n"
+        "@nn.register_attention('minesoft', help='softmax attention, registered by a test')\n"
+        "class Mine(nn.SoftmaxAttention):\n"
+        "    pass\n")
+    monkeypatch.chdir(tmp_path)
+    cfgp = str(ROOT / "configs" / "brackets_softmax.yaml")
+    out = tmp_path / "run"
+    sets = ["--set", "model.attention=minesoft", "--set", "train.steps=2", "--set",
+            "data.batch_size=4", "--set", "data.eval_batches=1", "--set",
+            "train.warmup_steps=1", "--set", "model.dim=8", "--set", "model.ffn_hidden=8"]
+    try:
+        assert cli.main(["run", cfgp, "--import", mod.name, "--out", str(out),
+                         "--no-progress", *sets]) == 0
+    finally:
+        _forget("minesoft", "mine_attention")
+    assert json.loads((out / "imports.json").read_text())["modules"] == [str(mod)]
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    try:
+        assert cli.main(["run", cfgp, "--out", str(out), "--resume", *sets]) == 0
+        assert "nothing to do" in capsys.readouterr().err
+    finally:
+        _forget("minesoft", "mine_attention")
+    try:
+        assert cli.main(["diagnose", str(out), "--starts", "0", "--out",
+                         str(tmp_path / "diag")]) == 0
+    finally:
+        _forget("minesoft", "mine_attention")
+    err = capsys.readouterr().err
+    stages = [x for x in err.splitlines() if x.startswith("diagnose:") and "done in" not in x]
+    done = [x for x in err.splitlines() if x.startswith("diagnose:") and "done in" in x]
+    assert len(stages) == len(done) == 3  # loading, one batch, summarising and drawing
+    assert done[-1].startswith("diagnose: summarising and drawing: done in ")
+
+
+def test_no_shipped_configs_says_what_to_do(tmp_path, capsys, monkeypatch):
+    """An installation without configs (an old wheel) is an error that says how to get
+    them, not an empty listing with exit status 0."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "configs_dir", lambda: tmp_path / "site-packages" / "configs")
+    assert cli.main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert "no configs found" in err and "pip install ." in err
+    assert cli.main(["run", "quickstart"]) == 2
+    err = capsys.readouterr().err
+    assert "'quickstart' not found" in err and "pip install ." in err
+
+
+def test_configs_are_package_data(tmp_path, monkeypatch):
+    """The wheel carries configs/ inside the package (spinformer/configs): pyproject maps it
+    and lists every subpackage (a listed package list does not find new ones by itself);
+    from a directory without ./configs the command finds the configs."""
+    tomllib = pytest.importorskip("tomllib")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    subpackages = {".".join(p.parent.relative_to(ROOT).parts)
+                   for p in (ROOT / "spinformer").rglob("__init__.py")}
+    assert set(tool["packages"]) == subpackages | {"spinformer.configs"}
+    assert tool["package-dir"] == {"spinformer.configs": "configs"}
+    patterns = tool["package-data"]["spinformer.configs"]
+    shipped = {p for pat in patterns for p in (ROOT / "configs").glob(pat)}
+    assert shipped == set((ROOT / "configs").rglob("*.yaml"))
+    monkeypatch.chdir(tmp_path)
+    assert (cli.configs_dir() / "quickstart.yaml").is_file()
+    assert cli.find_config("quickstart").name == "quickstart.yaml"
+
+
+def test_extras_are_named_where_they_are_needed(monkeypatch):
+    """What needs an extra says which: the notebooks (their first cell), the digits dataset
+    without scikit-learn, and the benchmarks without jaxopt (one line, no traceback)."""
+    from spinformer import data
+    from spinformer.train import _experiment
+
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    names = {e.split(">")[0].split("[")[0] for e in extras["notebooks"]}
+    assert {"jupyterlab", "ipykernel", "scipy", "scikit-learn"} <= names
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        first = json.loads(nb.read_text())["cells"][0]
+        assert first["cell_type"] == "markdown" and '.[notebooks]' in "".join(first["source"])
+
+    def no_sklearn(**kw):
+        raise ImportError("the digits dataset comes with scikit-learn, which is not installed")
+
+    monkeypatch.setattr(data.ImageDataset, "digits", staticmethod(no_sklearn))
+    cfg = C.load_config(ROOT / "configs" / "fmnist_softmax.yaml").replace(
+        {"data.task": "digits"})
+    with pytest.raises(C.ConfigError, match=r"\.\[notebooks\]"):
+        _experiment.build_dataset(cfg)
+    code = ("import sys, runpy; sys.modules['jaxopt'] = None; sys.argv = ['solvers.py', "
+            "'--quick']; runpy.run_path('solvers.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT / "experiments" / "bench", timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        'experiments/bench/solvers.py compares against jaxopt, which is not installed: '
+        'pip install -e ".[bench]"']

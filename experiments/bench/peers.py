@@ -40,7 +40,8 @@ def _try(name):
     try:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        print(f"{name}: not available here ({type(e).__name__}: {str(e).splitlines()[0]})")
+        print(f"{name}: not available here ({type(e).__name__}: {str(e).splitlines()[0]}); "
+              "the peers are the bench extra: pip install -e \".[bench]\"")
         return None
 
 

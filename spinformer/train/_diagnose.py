@@ -157,8 +157,8 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
 
     **Arguments:** `run_dir` a run directory; `batches` ≥ 1 validation batches; `starts` ≥ 0
     random starts per fixed point; `seed` for the starts; `out_dir` where to write;
-    `progress`: a line on stderr at each stage (the first batch compiles the analysis, which
-    takes tens of seconds).
+    `progress`: a line on stderr when each stage starts, and one with how long it took when it
+    ends (the first batch compiles the analysis, which takes tens of seconds).
 
     **Returns:** the summary dict: `run_dir`, `examples`, `starts`, `seed`, `attention`,
     `spectral_radius_method` and `layers` (one dict per layer; absent keys do not apply).
@@ -172,12 +172,20 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
             and starts >= 0):
         raise ValueError(f"diagnose: batches={batches!r} must be >= 1 and starts={starts!r} "
                          ">= 0.")
-    t0 = time.perf_counter()
+    started = []  # (stage, start time) of the stage under way
 
-    def say(msg):
-        if progress:
-            print(f"diagnose: {msg} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
-                  flush=True)
+    def say(msg=None):
+        """End the stage under way (its own duration), then start `msg` (None: the last)."""
+        now = time.perf_counter()
+        if started:
+            stage, t = started.pop()
+            if progress:
+                print(f"diagnose: {stage}: done in {now - t:.1f} s", file=sys.stderr,
+                      flush=True)
+        if msg is not None:
+            started.append((msg.split(":")[0], now))
+            if progress:
+                print(f"diagnose: {msg}", file=sys.stderr, flush=True)
 
     say(f"loading {run_dir}")
     cfg, dataset, model = load_run(run_dir)
@@ -213,4 +221,5 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     _plot(layers, out / "diagnostics.png",
           f"{run_dir.name}: {cfg.model.attention} attention, {summary['examples']} validation "
           "examples")
+    say()
     return summary

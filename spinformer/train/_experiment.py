@@ -16,7 +16,8 @@ import errno
 import json
 import os
 import pathlib
-from typing import Optional
+import sys
+from typing import Optional, Sequence
 
 import equinox as eqx
 import jax
@@ -59,7 +60,9 @@ def build_dataset(cfg: "_config.Config"):
     except _data.DataFileError as e:
         raise _config.ConfigError(f"data.path: {e}") from None
     except ImportError as e:  # a dataset whose reader is an optional dependency
-        raise _config.ConfigError(f"data.task={d.task}: {e}") from None
+        extra = (' (it comes with the notebooks and dev extras: pip install -e ".[notebooks]")'
+                 if "scikit-learn" in str(e) else "")
+        raise _config.ConfigError(f"data.task={d.task}: {e}{extra}") from None
     except ValueError as e:
         raise _config.ConfigError(f"data (task {d.task}): {e}") from None
 
@@ -250,14 +253,10 @@ def _resumable(key: str) -> bool:
 
 def _changed_keys(saved: pathlib.Path, cfg: "_config.Config") -> list[str]:
     """The dotted keys at which `cfg` differs from the config saved in `saved`, apart from
-    those that may change on --resume and those of the attention sections (`model.<name>`)
-    that the run's attention does not read: a default changed in another family's section
-    (say, Boltzmann attention's solver) must not stop a run of this family from resuming."""
+    those that may change on --resume (a run's config holds only the sections its model
+    reads, so a default changed in another family's section does not show)."""
     old = _config.to_dict(_config.load_config(saved))
-    unused = tuple(f"model.{name}." for name, _ in cfg.model.sections
-                   if name != cfg.model.attention)
-    return [k for k in _diff(old, _config.to_dict(cfg))
-            if not _resumable(k) and not k.startswith(unused)]
+    return [k for k in _diff(old, _config.to_dict(cfg)) if not _resumable(k)]
 
 
 def _run_contents(out: pathlib.Path, cfg: "_config.Config") -> list[str]:
@@ -323,8 +322,7 @@ def check_run_dir(out_dir, cfg: "_config.Config", *, resume: bool = False,
     - With `resume`, the saved `config.yaml` must equal `cfg` apart from `train.progress`,
       `description`, `train.mesh` (and its keys: a run may resume on other devices),
       `train.steps`, which may grow (a finished run continued; not below its newest
-      checkpoint's step), and the sections of attentions other than the run's
-      (`model.<name>`, which its model does not read).
+      checkpoint's step).
     - With `write` (the process that writes; with several processes only process 0), the
       directory is created with its parents and probed: a small file is written, synced and
       removed. A directory that cannot be created or written (permission denied, read-only
@@ -409,6 +407,86 @@ def _write_errors_named(out: pathlib.Path):
         ) from e
 
 
+# The modules a run was trained with `--import` (they register its attention), beside its
+# config.yaml: whatever reads the config again (diagnose, generate, --resume) imports them first.
+IMPORTS_FILE = "imports.json"
+
+
+def import_modules(names: Sequence[str], *, search: Sequence[str] = (),
+                   where: str = "--import") -> None:
+    """Import each module: a path to a `.py` file, or a dotted name found on `sys.path`
+    with the current directory first, then the directories `search`. A `.py` file already
+    imported from the same path is not run again (what it registered stands). A module
+    that cannot be imported is a `ConfigError` naming `where`, the module and the error."""
+    import importlib
+    import importlib.util
+
+    for name in names:
+        try:
+            path = pathlib.Path(name)
+            if name.endswith(".py"):
+                if not path.is_file():
+                    raise FileNotFoundError(f"no file {name}")
+                loaded = sys.modules.get(path.stem)
+                if (loaded is not None and getattr(loaded, "__file__", None)
+                        and pathlib.Path(loaded.__file__).resolve() == path.resolve()):
+                    continue
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
+            else:
+                if "" not in sys.path and str(pathlib.Path.cwd()) not in sys.path:
+                    sys.path.insert(0, str(pathlib.Path.cwd()))
+                sys.path.extend(d for d in search if d not in sys.path)
+                importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported
+            raise _config.ConfigError(f"{where} {name}: {type(e).__name__}: {e}") from None
+
+
+def record_imports(out: pathlib.Path, names: Sequence[str]) -> None:
+    """Add the `--import` modules of a run to `out/imports.json` (kept on --resume): `.py`
+    paths made absolute, dotted names with the directory they were imported from."""
+    if not names:
+        return
+    path = out / IMPORTS_FILE
+    rec = json.loads(path.read_text()) if path.exists() else {"modules": [], "search": []}
+    for name in names:
+        entry = str(pathlib.Path(name).resolve()) if name.endswith(".py") else name
+        if entry not in rec["modules"]:
+            rec["modules"].append(entry)
+    cwd = str(pathlib.Path.cwd())
+    if cwd not in rec["search"] and any(not n.endswith(".py") for n in names):
+        rec["search"].append(cwd)
+    path.write_text(json.dumps(rec, indent=2) + "\n")
+
+
+def import_run_modules(run_dir) -> list[str]:
+    """Import the modules a run was trained with (`record_imports`), so that its config
+    reads again; returns their names (none for a run without `--import`)."""
+    path = pathlib.Path(run_dir) / IMPORTS_FILE
+    if not path.exists():
+        return []
+    try:
+        rec = json.loads(path.read_text())
+        modules, search = list(rec["modules"]), list(rec.get("search", []))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _config.ConfigError(f"{path}: unreadable ({e}); it lists the modules the run "
+                                  "was trained with (--import).") from None
+    import_modules(modules, search=search, where=f"{path} (the run's --import):")
+    return modules
+
+
+def describe(cfg: "_config.Config") -> str:
+    """What a run trains, read from the config itself (the `description` of `summary.json`):
+    the config file's own `description` is written for its defaults, and says nothing of
+    `--set model.attention=softmax`."""
+    m = cfg.model
+    heads = f"{m.num_heads} head{'s' if m.num_heads != 1 else ''}"
+    return (f"{m.attention} attention, data.task {cfg.data.task}: width {m.dim}, depth "
+            f"{m.depth}, {heads}, {cfg.train.steps} steps")
+
+
 def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
     """The saved summary of a run in `out` that has nothing left to do for `cfg` (it reached
     `train.steps` or stopped early), marked `"nothing_to_do": True`; None otherwise."""
@@ -424,7 +502,8 @@ def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
     return {**summary, "nothing_to_do": True}
 
 
-def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None):
+def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None,
+        imports: Sequence[str] = ()):
     """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
 
     The run directory is checked first (`check_run_dir`): without `resume` it must not hold
@@ -437,7 +516,9 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     a finished run (the learning-rate schedule is then the longer run's: its cosine decay is
     stretched to the new length, so the rate steps up where the run resumes). A write that
     fails during training (a full disk) is a `RunDirError` naming the directory and the
-    checkpoint to resume from.
+    checkpoint to resume from. `imports`: the modules imported for this run (the command
+    line's `--import`), recorded in `out_dir/imports.json` for those who read its config
+    again (`load_run`, `--resume`).
     """
     out = pathlib.Path(out_dir)
     saved = out / "config.yaml"
@@ -461,6 +542,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     if _mesh.is_writer():  # with several processes only process 0 writes
         out.mkdir(parents=True, exist_ok=True)
         _config.save_config(cfg, saved)
+        record_imports(out, imports)
         if callable(getattr(dataset, "save", None)):  # e.g. the vocabulary of a tokenizer
             dataset.save(out)
     t = cfg.train
@@ -474,7 +556,8 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             raise _config.ConfigError(f"train.tensorboard=true: {e}") from None
     extra = {
         "num_params": num_params(model),
-        "description": cfg.description,
+        "description": describe(cfg),
+        "config_description": cfg.description,
         "baselines": dataset.baselines(dataset.batch(0, "val")),
     }
     with _write_errors_named(out), contextlib.ExitStack() as closing:
@@ -507,6 +590,7 @@ def load_run(run_dir, *, dataset=None):
     saved = run_dir / "config.yaml"
     if not saved.exists():
         raise FileNotFoundError(f"{run_dir}: no config.yaml; is this a run directory?")
+    import_run_modules(run_dir)  # a run trained with --import: its attention's module
     cfg = _config.load_config(saved)
     dataset = build_dataset(cfg) if dataset is None else dataset
     model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
