@@ -33,7 +33,7 @@ class Key:
 
     **Fields:** `name`; `type` (a Python type, `Optional[...]`, or a section's dataclass);
     `default` (a section's dataclass for a section); `help` (one line); `choices` (the
-    allowed values, or None); `renamed` (old values mapped to their new names).
+    allowed values, or None).
     """
 
     name: str
@@ -41,7 +41,6 @@ class Key:
     default: Any
     help: str
     choices: Optional[tuple] = None
-    renamed: Optional[Mapping[Any, Any]] = None
 
     @property
     def is_section(self) -> bool:
@@ -72,8 +71,7 @@ def keys(cls) -> dict[str, Key]:
         help_, choices = meta.get("help", ""), meta.get("choices")
         out[f.name] = Key(f.name, hints[f.name], default,
                           help_() if callable(help_) else help_,
-                          tuple(choices()) if callable(choices) else choices,
-                          meta.get("renamed"))
+                          tuple(choices()) if callable(choices) else choices)
     for name, tp, help_ in getattr(cls, "_open_sections", lambda: ())():
         out[name] = Key(name, tp, tp, help_)
     return out
@@ -132,15 +130,6 @@ def _coerce(value, tp, where: str):
     raise ConfigError(f"{where}: unsupported field type {tp!r}.")  # pragma: no cover
 
 
-def _moved_key(prefix: str, key: str, moved: str, value) -> ConfigError:
-    """The error for an old key: `moved` is its new key (relative to the same section), or,
-    when it has no one-to-one replacement, a sentence saying what replaces it."""
-    if " " in moved:
-        return ConfigError(f"{prefix}{key} is gone: {moved}")
-    new = prefix + moved + key[len(key.split(".")[0]):]
-    return ConfigError(f"{prefix}{key} is now {new}; set {new}={value} instead.")
-
-
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     full = prefix + key
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
@@ -156,21 +145,16 @@ def from_dict(raw: Optional[dict], cls, prefix: str = "", *, base=None):
     an instance, such as a family's `solver`)."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
-        moved = getattr(cls, "_moved_value", None)
-        hint = f" {moved(prefix.rstrip('.'), raw)}" if moved else ""
         raise ConfigError(
             f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys to values, got "
-            f"{raw!r}.{hint}"
+            f"{raw!r}."
         )
     if base is not None:
         raw = {**to_dict(base), **raw}
     schema = keys(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs, sections = {}, {}
-    moved = getattr(cls, "_MOVED", {})
     for key, value in raw.items():
-        if key in moved and key not in schema:
-            raise _moved_key(prefix, key, moved[key], value)
         if key not in schema:
             raise _unknown_key(str(key), list(schema), prefix)
         k = schema[key]
@@ -181,10 +165,6 @@ def from_dict(raw: Optional[dict], cls, prefix: str = "", *, base=None):
                                                                      base=default)
             continue
         v = _coerce(value, k.type, where)
-        renamed = k.renamed or {}
-        if renamed and v in renamed:
-            raise ConfigError(f"{where}: {v!r} is now called {renamed[v]!r}; use "
-                              f"{where}={renamed[v]}.")
         choices = k.choices
         if choices is not None and v not in choices:
             close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
@@ -220,20 +200,13 @@ def _set_dotted(raw: dict, dotted: str, value, root):
     for i, part in enumerate(parts):
         prefix = ".".join(parts[:i]) + ("." if i else "")
         schema = keys(cls)
-        moved = getattr(cls, "_MOVED", {})
-        if part not in schema and part in moved:
-            raise _moved_key(prefix, ".".join(parts[i:]), moved[part], value)
         if part not in schema:
             raise _unknown_key(part, list(schema), prefix)
         tp = schema[part].type
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
-                hint = getattr(tp, "_moved_value", None)
-                raise ConfigError(
-                    hint(dotted, value) if hint else
-                    f"{dotted!r} is a section, not a value; set one of its keys, e.g. "
-                    f"{dotted}.{dataclasses.fields(tp)[0].name}=..."
-                )
+                raise ConfigError(f"{dotted!r} is a section, not a value; set one of its "
+                                  f"keys, e.g. {dotted}.{dataclasses.fields(tp)[0].name}=...")
             node[part] = value
             return
         if not dataclasses.is_dataclass(tp):

@@ -1,15 +1,27 @@
-"""The building blocks of config schemas, shared by `spinformer.config` and the attention
-modules that declare their own config section (`spinformer.nn.register_attention`).
+"""The building blocks of config schemas, and the one table where config words become classes.
 
-Imports only the standard library, so any module may define a section without import cycles.
+- `option(default, help, ...)`: a field of a config section (a frozen dataclass), with its
+  one-line meaning and its allowed values.
+- The name table: `register_choice(kind, name)` offers a class under a config word (the
+  attentions, the solvers and adjoints, and each family's algorithm choices: kinds such as
+  `"attention"`, `"solver"`, `"spin.update"`), and `choice(kind, value)` turns the word into
+  an object (one lookup, one "did you mean"). A plugin adds its entry with the same
+  decorator. Below the config, modules take objects.
+- `SolverOptions`, `AdjointOptions`: the YAML sections `solver` and `adjoint` of a family,
+  turned into solver and adjoint objects by `build()` (the reusable `solvers` package knows
+  nothing of YAML).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Union
+import difflib
+from typing import Any, Callable, ClassVar, Optional, Union
 
-__all__ = ["ConfigError", "option"]
+from . import solvers
+
+__all__ = ["AdjointOptions", "Choice", "ConfigError", "SolverOptions", "check_options",
+           "choice", "choice_names", "option", "register_choice"]
 
 
 class ConfigError(ValueError):
@@ -21,7 +33,6 @@ def option(
     help: str,
     choices: Union[tuple, Callable[[], tuple], None] = None,
     *,
-    renamed: Optional[Mapping[Any, Any]] = None,
     kind: Optional[str] = None,
 ):
     """A config field: its default, its one-line meaning and, optionally, its allowed values.
@@ -33,9 +44,7 @@ def option(
     - `help`: one line saying what the field means (`spinformer.config.describe` prints it).
     - `choices`: the allowed values, if the field is an enumeration (a tuple, or a function
       returning one when the values are registered at run time).
-    - `renamed`: old values that are no longer accepted, each mapped to its new name; reading
-      one is an error that names the new value.
-    - `kind`: the field names an option object of this kind (`spinformer._choices`): its
+    - `kind`: the field names a registered class of this kind (`register_choice`): its
       allowed values are the registered names, and reading the config builds the object
       (`nn.section_kwargs`).
 
@@ -43,14 +52,301 @@ def option(
     """
     meta: dict[str, Any] = {"help": help}
     if kind is not None:
-        from ._choices import choice_names  # standard library only, like this module
-
         meta["kind"] = kind
         choices = choices if choices is not None else (lambda: choice_names(kind))
     if choices is not None:
         meta["choices"] = choices if callable(choices) else tuple(choices)
-    if renamed:
-        meta["renamed"] = dict(renamed)
     if isinstance(default, type) and dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=default, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------ the table
+
+# kind -> name -> class
+_TABLE: dict[str, dict[str, type]] = {}
+
+
+class Choice:
+    """Base class of the families' option objects (frozen dataclasses, so they are hashable:
+    modules keep them as static fields, and two equal options compare equal).
+
+    `kind` and `name` are class attributes set by `register_choice`; `str(option)` is its
+    name (what a config file holds)."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def register_choice(kind: str, name: str) -> Callable[[type], type]:
+    """Class decorator: offer class `cls` as the config word `name` of `kind` (e.g.
+    `register_choice("spin.update", "tap")`, `register_choice("solver", "picard")`).
+    A `Choice` must be a frozen dataclass and learns its `kind` and `name`. Registering a
+    second class under a taken name is an error; re-registering the same class is not."""
+
+    def decorate(cls: type) -> type:
+        if not isinstance(cls, type):
+            raise TypeError(f"register_choice({kind!r}, {name!r}): {cls!r} is not a class.")
+        if issubclass(cls, Choice):
+            if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):
+                raise TypeError(f"register_choice({kind!r}, {name!r}): {cls.__name__} must "
+                                "be a frozen dataclass (options are hashable and compare by "
+                                "value).")
+            cls.kind, cls.name = kind, name
+        table = _TABLE.setdefault(kind, {})
+        if name in table and table[name] is not cls:
+            raise ValueError(f"register_choice: {kind} {name!r} is already "
+                             f"{table[name].__name__}.")
+        table[name] = cls
+        return cls
+
+    return decorate
+
+
+def choice_names(kind: str) -> tuple[str, ...]:
+    """The registered names of a kind, in registration order."""
+    return tuple(_TABLE.get(kind, {}))
+
+
+def choice_class(kind: str, name: str, *, where: Optional[str] = None) -> type:
+    """The class registered as `name` of `kind`; an unknown name raises `ConfigError` with
+    the nearest registered one (the one "did you mean"), naming `where` (default: the
+    kind)."""
+    table = _TABLE.get(kind)
+    if not table:
+        raise KeyError(f"nothing of kind {kind!r} is registered.")
+    if name in table:
+        return table[name]
+    close = difflib.get_close_matches(str(name), list(table), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"{where or kind}={name!r} is not one of {list(table)}.{hint}")
+
+
+def choice(kind: str, value: Any, *, where: Optional[str] = None) -> Any:
+    """The object of `kind` that `value` names: a registered name becomes its class built
+    with default fields; an object of a class registered under `kind` is returned as is.
+    Anything else raises `ConfigError` (an unknown name) or `TypeError` (an object of
+    another kind), naming `where` (default: the kind)."""
+    if isinstance(value, str):
+        return choice_class(kind, value, where=where)()
+    table = _TABLE.get(kind, {})
+    if any(type(value) is cls for cls in table.values()):
+        return value
+    if isinstance(value, Choice):
+        raise TypeError(f"{where or kind}: {type(value).__name__} is a {value.kind or 'Choice'} "
+                        f"option, not a {kind} option; choose one of {list(table)}.")
+    raise TypeError(f"{where or kind}: expected one of {list(table)} (or its object), got "
+                    f"{value!r}.")
+
+
+# ----------------------------------------------------------- solvers and adjoints as YAML
+
+for _name, _cls in (("anderson", solvers.Anderson), ("picard", solvers.Picard),
+                    ("broyden", solvers.Broyden), ("newton", solvers.Newton),
+                    ("jaxopt_anderson", solvers.JaxoptAnderson),
+                    ("reversible", solvers.Reversible)):
+    register_choice("solver", _name)(_cls)
+for _name, _cls in (("implicit", solvers.Implicit), ("unrolled", solvers.Unrolled),
+                    ("phantom", solvers.Phantom), ("onestep", solvers.OneStep),
+                    ("reversible", solvers.ReversibleAdjoint)):
+    register_choice("adjoint", _name)(_cls)
+del _name, _cls
+
+# adjoints that differentiate fixed points only (every other registered adjoint also
+# differentiates roots)
+_FIXED_POINT_ADJOINTS = (solvers.Phantom, solvers.OneStep, solvers.ReversibleAdjoint)
+
+
+def _fits(kind: str, cls: type, root: bool) -> bool:
+    if not root:
+        return True
+    if kind == "solver":
+        return issubclass(cls, solvers.AbstractRootFinder)
+    return not issubclass(cls, _FIXED_POINT_ADJOINTS)
+
+
+def _field_default(cls, name):
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+class _Named:
+    """What the two sections share: a registered `name` that must fit the problem."""
+
+    _KIND: ClassVar[str]
+
+    def _class(self, root: bool) -> type:
+        cls = choice_class(self._KIND, self.name, where="name")
+        if not _fits(self._KIND, cls, root):
+            fits = [n for n, c in _TABLE[self._KIND].items() if _fits(self._KIND, c, True)]
+            raise ConfigError(f"name: {self.name!r} does not fit this problem (a root, not a "
+                              f"fixed point); the {self._KIND}s that fit: {fits}.")
+        return cls
+
+    def __post_init__(self):
+        # the object's own class checks the values (one check each, where they are owned)
+        try:
+            self.build()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverOptions(_Named):
+    """A solver as config keys (the section `solver` of an attention family).
+
+    **Fields:** `name` (a registered solver: `anderson`, `picard`, `broyden`, `newton`,
+    `jaxopt_anderson`, `reversible`, ...), its stopping rule `tol` (on the max-norm
+    residual) and `max_steps`, and the options some solvers take: `damping` (picard,
+    anderson, newton, reversible: the fraction of the old iterate kept), `history`
+    (anderson: residuals kept; broyden: rank-one updates kept before a restart), `unroll`
+    (picard, anderson: exactly `max_steps` iterations without a while loop) and `precision`
+    (the solve's matrix-product precision; see `solvers.AbstractSolver`).
+    """
+
+    _KIND = "solver"
+
+    name: str = option("anderson", "the solver (anderson, picard, broyden, newton, "
+                       "jaxopt_anderson, reversible; root problems: the root finders)",
+                       kind="solver")
+    tol: float = option(_field_default(solvers.Anderson, "tol"),
+                        "stop when the max-norm residual is <= tol")
+    max_steps: int = option(_field_default(solvers.Anderson, "max_steps"), "most iterations")
+    damping: Optional[float] = option(None, "picard, anderson, newton, reversible: fraction "
+                                      "of the old iterate kept (null: the solver's default)")
+    history: Optional[int] = option(None, "anderson: residuals kept (null: its default); "
+                                    "broyden: updates kept before a restart (null: a dense "
+                                    "estimate)")
+    unroll: bool = option(False, "picard, anderson: run exactly max_steps iterations as "
+                          "straight-line code, no while loop (small solves on a GPU); the "
+                          "residual is checked once, at the end")
+    precision: Optional[str] = option("highest", "matrix-product precision of the solve "
+                                      "(jax.default_matmul_precision): highest makes float32 "
+                                      "products float32 on GPUs too, whose default TF32 "
+                                      "rounding stalls tight tolerances; null: the caller's "
+                                      "setting", choices=(*solvers._solvers.PRECISIONS, None))
+
+    def build(self, *, root: bool = False) -> solvers.AbstractSolver:
+        """The solver object (`root=True`: refuse a fixed-point-only solver)."""
+        cls = self._class(root)
+        names = {f.name for f in dataclasses.fields(cls)}
+        if self.unroll and "unroll" not in names:
+            raise ConfigError(f"unroll: set to true, but the solver {self.name!r} does not "
+                              "use it (it always runs a while loop; unroll=true fits picard "
+                              "and anderson).")
+        values = dict(tol=self.tol, max_steps=self.max_steps, precision=self.precision,
+                      damping=self.damping, history=self.history, unroll=self.unroll or None)
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+_LINEAR = {"anderson": lambda o: solvers.Anderson(history=o.restart, safeguard=False),
+           "picard": lambda o: solvers.Picard(),
+           "gmres": lambda o: solvers.GMRES(restart=o.restart),
+           "bicgstab": lambda o: solvers.BiCGStab(),
+           "dense": lambda o: solvers.Dense(),
+           "auto": lambda o: solvers.Auto()}
+_FALLBACK = {"auto": solvers.Auto, "dense": solvers.Dense,
+             "gmres": lambda: solvers.GMRES(restart=50), "none": lambda: None}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdjointOptions(_Named):
+    """An adjoint as config keys (the section `adjoint` of an attention family).
+
+    **Fields:** `name` (a registered adjoint: `implicit`, `unrolled`, `phantom`, `onestep`,
+    `reversible` (with the solver `reversible` only), ...); for `implicit` the backward
+    `linear_solver` (`anderson` or `picard` on the Richardson map, `gmres`, `bicgstab`,
+    `dense`: the matrix formed and solved directly, `auto`: dense up to 512 unknowns, else
+    GMRES(50)), its relative `tol`, its `max_steps` (matrix–vector products) and `restart`
+    (the GMRES Krylov size or the Anderson history), and the `fallback` tried when that
+    solve misses its tolerance (`auto`, `dense`, `gmres` with a 50-vector basis, `none`);
+    for `phantom` its `steps` and `damping`.
+    """
+
+    _KIND = "adjoint"
+
+    name: str = option("implicit", "how gradients flow through the solution (implicit, "
+                       "unrolled, phantom, onestep, reversible)", kind="adjoint")
+    linear_solver: str = option("anderson", "implicit: the backward linear solver",
+                                tuple(_LINEAR))
+    tol: float = option(_field_default(solvers.Implicit, "tol"), "implicit: relative "
+                        "tolerance of the backward solve")
+    max_steps: int = option(_field_default(solvers.Implicit, "max_steps"), "implicit: most "
+                            "matrix-vector products of the backward solve")
+    restart: int = option(_field_default(solvers.Implicit, "linear_solver").history,
+                          "implicit: GMRES Krylov size or Anderson history of the backward "
+                          "solve")
+    fallback: str = option("auto", "implicit: the solver tried when the backward solve "
+                           "misses its tolerance (auto: dense up to 512 unknowns, else "
+                           "GMRES(50); none: no second try)", tuple(_FALLBACK))
+    steps: int = option(_field_default(solvers.Phantom, "steps"), "phantom: damped steps "
+                        "backpropagated")
+    damping: float = option(_field_default(solvers.Phantom, "damping"), "phantom: fraction "
+                            "of the old iterate kept")
+
+    def build(self, *, root: bool = False) -> solvers.AbstractAdjoint:
+        """The adjoint object (`root=True`: refuse one that differentiates fixed points
+        only)."""
+        cls = self._class(root)
+        if cls is solvers.Implicit:
+            return solvers.Implicit(linear_solver=_LINEAR[self.linear_solver](self),
+                                    tol=self.tol, max_steps=self.max_steps,
+                                    fallback=_FALLBACK[self.fallback]())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: getattr(self, k) for k in ("steps", "damping") if k in names})
+
+
+def _used_keys(options, cls) -> set:
+    """The keys of a solver or adjoint section that building class `cls` reads."""
+    if isinstance(options, AdjointOptions):
+        if cls is solvers.Implicit:
+            return {"linear_solver", "tol", "max_steps", "restart", "fallback"}
+        return {"steps", "damping"} & {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {"tol", "max_steps", "precision"} | ({"damping", "history", "unroll"} & names)
+
+
+def _check_unused(key, options, default, root) -> None:
+    """Refuse a key of the section `key` that its solver or adjoint does not read, when it
+    is set away from the family's default section (a family default such as spin's GMRES
+    backward solve stays harmless when a config switches to an adjoint that has none), or
+    from the section class's own defaults where the family gives none."""
+    if not isinstance(default, type(options)):
+        default = type(options)()
+    used = _used_keys(options, options._class(root))
+    for f in dataclasses.fields(options):
+        if f.name == "name" or f.name in used:
+            continue
+        value = getattr(options, f.name)
+        if value != getattr(default, f.name):
+            takes = ", ".join(sorted(used)) if used else "no options"
+            an = "an" if options._KIND[0] in "aeiou" else "a"
+            raise ConfigError(
+                f"{key}.{f.name}: set to {value!r}, but the {options._KIND} "
+                f"{options.name!r} does not use it (it takes {takes}); remove the key, or "
+                f"choose {an} {options._KIND} that takes it.")
+
+
+def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
+                  root: bool = False) -> None:
+    """Check a family section's `solver` and `adjoint` sub-sections (in its
+    `__post_init__`): they must name a registered solver and adjoint that fit the problem
+    (`root=True`: a root, so root finders only) and each other (the adjoint `reversible`
+    needs the solver `reversible`). A `ConfigError` names the key and what fits."""
+    classes = {}
+    for key in (solver, adjoint):
+        try:
+            classes[key] = getattr(section, key)._class(root)
+        except ConfigError as e:
+            raise ConfigError(f"{key}.{e}") from None
+    defaults = ({f.name: f.default for f in dataclasses.fields(section)}
+                if dataclasses.is_dataclass(section) else {})
+    for key in (solver, adjoint):
+        _check_unused(key, getattr(section, key), defaults.get(key), root)
+    if (classes[adjoint] is solvers.ReversibleAdjoint
+            and not issubclass(classes[solver], solvers.Reversible)):
+        raise ConfigError(f"{adjoint}.name: {getattr(section, adjoint).name!r} runs the "
+                          f"solver 'reversible' backwards and fits no other; {solver}.name is "
+                          f"{getattr(section, solver).name!r}.")

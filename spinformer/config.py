@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
@@ -29,17 +28,19 @@ import yaml
 
 from . import _config_io as _io
 from ._config_io import Key, parse_overrides, to_dict
-from ._schema import ConfigError, option
+from ._schema import AdjointOptions, ConfigError, SolverOptions, option
 from .nn import BoltzmannConfig, SpinConfig
 from .nn import _registry
 
 __all__ = [
+    "AdjointOptions",
     "Config",
     "ConfigError",
     "DataConfig",
     "BoltzmannConfig",
     "Key",
     "ModelConfig",
+    "SolverOptions",
     "SpinConfig",
     "TrainConfig",
     "describe",
@@ -181,25 +182,31 @@ class ModelConfig:
                         "with FFN (false: the attentions alone, one after the other, as a DEQ "
                         "layer)")
     positions: bool = _f(True, "images only: learned position embedding of the sites")
-    # (name, section) of every registered attention with a config, in registration order;
-    # not a YAML key: the sections appear as `model.<name>`
+    # (name, section) of the attentions this model uses that declare a config: the chosen
+    # attention's and, with pool=ngt, the NeuroGame head's; not a YAML key: the sections
+    # appear as `model.<name>`
     sections: tuple = dataclasses.field(default=(), metadata={"sections": True})
 
     def __post_init__(self):
+        _check_model(self)
         given = dict(self.sections)
         regs = {r.name: r for r in _registry.registrations() if r.config is not None}
-        unknown = sorted(set(given) - set(regs))
-        if unknown:
-            raise ConfigError(f"no registered attention {unknown[0]!r} declares a config "
-                              f"section; the sections are {sorted(regs)}.")
+        used = [name for name in _used_sections(self) if name in regs]
+        for name in sorted(set(given) - set(used)):
+            if name not in regs:
+                raise ConfigError(f"{name}: attention {name!r} declares no config section.")
+            changed = ", ".join(f"model.{name}.{k}={v!r}" for k, v in
+                                _flat_diff(given[name], regs[name].config()))
+            changed = f" ({changed})" if changed else ""
+            raise ConfigError(f"{name}: options of {name} attention{changed}, but "
+                              f"model.attention is {self.attention}; remove the section, or "
+                              f"set model.attention={name}.")
         for name, section in given.items():
             if not isinstance(section, regs[name].config):
                 raise ConfigError(f"{name}: expected a {regs[name].config.__name__}, got "
                                   f"{type(section).__name__}.")
-        full = tuple((name, given[name] if name in given else reg.config())
-                     for name, reg in regs.items())
-        object.__setattr__(self, "sections", full)
-        _check_model(self)
+        object.__setattr__(self, "sections", tuple(
+            (name, given[name] if name in given else regs[name].config()) for name in used))
 
     def __getattr__(self, name: str):
         # reached only when ordinary lookup fails: the attention sections
@@ -225,6 +232,26 @@ class ModelConfig:
         """The options section of attention `name` (default: `self.attention`), or None when
         that attention declares no config."""
         return dict(self.sections).get(self.attention if name is None else name)
+
+
+def _flat_diff(section, default, prefix: str = "") -> list[tuple[str, Any]]:
+    """`(dotted key, value)` where `section` differs from `default` (both config sections)."""
+    out = []
+    for f in dataclasses.fields(section):
+        v, d = getattr(section, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(v) and dataclasses.is_dataclass(d):
+            out += _flat_diff(v, d, f"{prefix}{f.name}.")
+        elif v != d:
+            out.append((prefix + f.name, v))
+    return out
+
+
+def _used_sections(model) -> list[str]:
+    """The attentions whose sections `model` reads: its attention and its pooled head's."""
+    from .nn import pool_attention
+
+    head = pool_attention(model.pool)
+    return [model.attention] + ([head.name] if head and head.name != model.attention else [])
 
 
 def _check_model(self):
@@ -355,27 +382,17 @@ class Config:
               f"needs a per-position task (data.task brackets or chars); got data.task="
               f"{self.data.task}.")
 
-    def replace(self, changes: Optional[Mapping[str, Any]] = None, /, **dotted: str
-                ) -> "Config":
+    def replace(self, changes: Mapping[str, Any]) -> "Config":
         """A copy with changes, checked like a config file.
 
         **Arguments:**
 
         - `changes`: a mapping of dotted keys to Python values, e.g.
           `cfg.replace({"train.steps": 5, "model.boltzmann.mode": "h"})`.
-        - `dotted`: deprecated: dotted keys as keyword arguments with values given as YAML
-          strings (`cfg.replace(**{"train.steps": "5"})`); use `changes`.
 
         **Returns:** a new frozen `Config`. Raises `ConfigError` naming any bad key or value.
         """
-        changes = dict(changes or {})
-        if dotted:
-            warnings.warn("Config.replace(**{key: yaml_string}) is deprecated; pass a mapping "
-                          "of typed values, cfg.replace({key: value}).", DeprecationWarning,
-                          stacklevel=2)
-            changes.update({k: yaml.safe_load(v) if isinstance(v, str) else v
-                            for k, v in dotted.items()})
-        return _io.build(to_dict(self), changes, Config)
+        return _build(to_dict(self), dict(changes))
 
 
 # ----------------------------------------------------------------- the machinery, on Config
@@ -450,6 +467,19 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
         changes = dict(overrides)
     else:
         changes = parse_overrides(list(overrides or []))
+    return _build(raw, changes)
+
+
+def _build(raw: dict, changes: dict) -> Config:
+    """`Config` from a YAML mapping and dotted changes. A change of `model.attention` leaves
+    the previous attention's section behind (the section belongs to its attention: a spin
+    config run with `--set model.attention=softmax` is a softmax run)."""
+    model = raw.get("model")
+    new = changes.get("model.attention")
+    if new is not None and isinstance(model, dict):
+        old = model.get("attention", _registry.default_attention())
+        if old != new and old in model:
+            raw = {**raw, "model": {k: v for k, v in model.items() if k != old}}
     return _io.build(raw, changes, Config)
 
 

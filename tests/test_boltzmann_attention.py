@@ -426,11 +426,13 @@ def test_config_builds_boltzmann_model():
     modes = re.escape(str(["softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"]))
     with pytest.raises(C.ConfigError, match=r"model\.boltzmann\.mode: 'xx' is not one of "
                        + modes):
-        C.load_config(None, overrides=["model.boltzmann.mode=xx"])
+        C.load_config(None, overrides=["model.attention=boltzmann", "model.boltzmann.mode=xx"])
     with pytest.raises(C.ConfigError, match=r"model\.boltzmann\.inference: 'magic'.*'tap'"):
-        C.load_config(None, overrides=["model.boltzmann.inference=magic"])
+        C.load_config(None, overrides=["model.attention=boltzmann",
+                                       "model.boltzmann.inference=magic"])
     with pytest.raises(C.ConfigError, match=r"init_scale must be >= 0"):
-        C.load_config(None, overrides=["model.boltzmann.init_scale=-1"])
+        C.load_config(None, overrides=["model.attention=boltzmann",
+                                       "model.boltzmann.init_scale=-1"])
 
 
 def test_param_labels_and_coupling_weight_decay():

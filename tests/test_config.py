@@ -39,28 +39,22 @@ def test_overrides():
 
 def test_replace_takes_typed_values():
     cfg = C.load_config()
-    new = cfg.replace({"train.steps": 5, "model.boltzmann.mode": "h", "train.lr": 1,
-                       "data.max_chars": None})
+    new = cfg.replace({"train.steps": 5, "model.attention": "boltzmann",
+                       "model.boltzmann.mode": "h", "train.lr": 1, "data.max_chars": None})
     assert new.train.steps == 5 and new.model.boltzmann.mode == "h"
     assert new.train.lr == 1.0 and isinstance(new.train.lr, float)
     assert cfg.train.steps == 1000  # the original is unchanged
     # the same checks as a file, and the same code as load_config's overrides
-    assert new == C.load_config(None, {"train.steps": 5, "model.boltzmann.mode": "h",
-                                       "train.lr": 1.0, "data.max_chars": None})
+    assert new == C.load_config(None, {"train.steps": 5, "model.attention": "boltzmann",
+                                       "model.boltzmann.mode": "h", "train.lr": 1.0,
+                                       "data.max_chars": None})
     for changes, message in (({"train.steps": "5"}, "expected an integer"),
                              ({"train.stpes": 5}, "Did you mean 'train.steps'"),
-                             ({"model.boltzmann.mode": "xx"}, "is not one of"),
+                             ({"model.spin.update": "xx"}, "is not one of"),
+                             ({"model.boltzmann.mode": "h"}, "model.attention is spin"),
                              ({"train": 3}, "is a section")):
         with pytest.raises(C.ConfigError, match=message):
             cfg.replace(changes)
-    with pytest.warns(DeprecationWarning):  # the older YAML-string keywords still work
-        assert cfg.replace(**{"train.steps": "5"}).train.steps == 5
-
-
-def test_renamed_value():
-    with pytest.raises(C.ConfigError, match="model.spin.update: 'naive' is now called "
-                       "'mean_field'; use model.spin.update=mean_field"):
-        C.load_config(None, ["model.spin.update=naive"])
 
 
 def test_sections_come_from_the_registry():

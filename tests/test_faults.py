@@ -299,16 +299,10 @@ def test_resume_may_change_the_mesh_and_nothing_else(tmp_path, monkeypatch):
     assert _experiment._resumable("train.mesh.data") and not _experiment._resumable("train.meshy")
 
 
-def test_resume_ignores_the_sections_of_other_attentions(tmp_path, monkeypatch):
-    """A run saved before a default of another family's section changed (the zoo's
-    free-energy runs across the Boltzmann solver's new default) resumes; a change in the
-    run's own attention section is still refused."""
-    calls = stub_fit(monkeypatch)
-    saved = tiny_cfg({"model.boltzmann.solver.name": "anderson"})
-    d = fill(tmp_path / "run", {"config.yaml": "same", "metrics.jsonl": "{}\n"}, saved)
-    train.run(saved.replace({"model.boltzmann.solver.name": "picard",
-                             "model.boltzmann.solver.damping": 0.2}), d, resume=True)
-    assert len(calls) == 1
+def test_resume_refuses_a_change_in_the_attention_section(tmp_path, monkeypatch):
+    """A run's config holds its own attention's section only; a change there is refused on
+    resume, naming the key."""
+    stub_fit(monkeypatch)
     own = tiny_cfg({"model.attention": "boltzmann", "model.boltzmann.solver.name": "anderson"})
     d2 = fill(tmp_path / "run2", {"config.yaml": "same", "metrics.jsonl": "{}\n"}, own)
     refused(lambda: train.run(own.replace({"model.boltzmann.solver.name": "picard"}), d2,
@@ -652,7 +646,8 @@ def test_schema_walk_sees_every_key():
     ({"data.seed": -1}, ["data.seed=-1 must be >= 0"]),
     ({"train.lr": math.nan}, ["train.lr", "finite"]),
     ({"train.lr": "inf"}, ["train.lr", "finite"]),
-    ({"model.boltzmann.solver.tol": -math.inf}, ["model.boltzmann.solver.tol", "finite"]),
+    ({"model.attention": "boltzmann", "model.boltzmann.solver.tol": -math.inf},
+     ["model.boltzmann.solver.tol", "finite"]),
     ({"data.max_chars": 0}, ["data.max_chars=0 must be >= 1"]),
     ({"data.max_vocab": 4}, ["data.max_vocab=4 must be >= 5"]),
     ({"train.warmup_steps": -1}, ["train.warmup_steps=-1"]),
@@ -660,9 +655,12 @@ def test_schema_walk_sees_every_key():
     ({"train.coupling_lr": -0.1}, ["train.coupling_lr=-0.1"]),
     ({"model.ffn_hidden": -8}, ["model.ffn_hidden=-8"]),
     ({"model.spin.solver.max_steps": 0}, ["model.spin.solver.max_steps=0"]),
-    ({"model.implicit.adjoint.tol": 0.0}, ["model.implicit.adjoint.tol=0.0"]),
-    ({"model.free_energy.beta": 0.0}, ["model.free_energy.beta=0.0"]),
-    ({"model.neurogame.eval_seed": -3}, ["model.neurogame.eval_seed=-3"]),
+    ({"model.attention": "implicit", "model.implicit.adjoint.tol": 0.0},
+     ["model.implicit.adjoint.tol", "0.0"]),
+    ({"model.attention": "free_energy", "model.free_energy.beta": 0.0},
+     ["model.free_energy.beta=0.0"]),
+    ({"model.attention": "neurogame", "model.neurogame.eval_seed": -3},
+     ["model.neurogame.eval_seed=-3"]),
 ])
 def test_values_the_fuzzer_found_are_refused_by_name(changes, fragments):
     """Each of these once reached training (and crashed there, or ran with a silently

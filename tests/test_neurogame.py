@@ -364,7 +364,7 @@ def test_errors_and_config():
     kw = reg.kwargs_from(cfg.model.neurogame)
     assert kw["estimator"] == PaperValues() and isinstance(kw["adjoint"], solvers.Unrolled)
     with pytest.raises(C.ConfigError, match="damping"):
-        C.load_config(None, ["model.neurogame.solver.damping=1.5"])
+        C.load_config(None, ["model.attention=neurogame", "model.neurogame.solver.damping=1.5"])
     # a stacked model trains through it (Transformer + scan)
     model = nn.Tagger(vocab_size=5, num_classes=3, dim=DIM, depth=1, num_heads=HEADS,
                       max_len=6, attention="neurogame", attention_kwargs=kw, key=jax.random.key(0))

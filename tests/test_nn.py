@@ -256,8 +256,6 @@ def test_spin_errors(getkey):
         nn.SpinAttention(8, 1, update="exact", key=getkey())
     with pytest.raises(ValueError, match="mode"):
         nn.SpinAttention(8, 1, mode="ode", key=getkey())
-    with pytest.raises(ValueError, match="'naive' is now called 'mean_field'"):
-        nn.SpinAttention(8, 1, update="naive", key=getkey())
 
 
 @pytest.mark.parametrize("attention", ["softmax", "spin"])
@@ -442,10 +440,9 @@ def test_default_config_builds_the_default_module(name):
 
 def test_every_family_takes_the_shared_solver_sections():
     """`solver`/`adjoint` are the same sections in every family that solves something, each
-    accepting what fits its problem, with one error naming what fits; old keys are refused
-    with the new spelling."""
+    accepting what fits its problem, with one error naming what fits."""
     for name in ("spin", "boltzmann", "neurogame", "implicit"):
-        cfg = C.load_config(None, [f"model.{name}.solver.name=picard",
+        cfg = C.load_config(None, [f"model.attention={name}", f"model.{name}.solver.name=picard",
                                    f"model.{name}.solver.damping=0.5",
                                    f"model.{name}.adjoint.name=phantom"])
         section = cfg.model.section(name)
@@ -455,19 +452,13 @@ def test_every_family_takes_the_shared_solver_sections():
     # the saddle is a root: fixed-point-only solvers and adjoints do not fit
     with pytest.raises(C.ConfigError, match=r"model.free_energy.solver.name: 'picard' does "
                        r"not fit.*\['broyden', 'newton', 'saddle_newton'\]"):
-        C.load_config(None, ["model.free_energy.solver.name=picard"])
+        C.load_config(None, ["model.attention=free_energy",
+                             "model.free_energy.solver.name=picard"])
     with pytest.raises(C.ConfigError, match="model.free_energy.adjoint.name: 'phantom'"):
-        C.load_config(None, ["model.free_energy.adjoint.name=phantom"])
-    cfg = C.load_config(None, ["model.free_energy.solver.name=newton"])
+        C.load_config(None, ["model.attention=free_energy",
+                             "model.free_energy.adjoint.name=phantom"])
+    cfg = C.load_config(None, ["model.attention=free_energy",
+                               "model.free_energy.solver.name=newton"])
     assert isinstance(cfg.model.free_energy.solver.build(root=True), solvers.Newton)
     with pytest.raises(C.ConfigError, match="Did you mean 'anderson'"):
         C.load_config(None, ["model.spin.solver.name=andersen"])
-    # the spellings of the previous release are refused with the new one
-    for old, new in (("model.spin.tol=1e-3", "model.spin.solver.tol=1e-3"),
-                     ("model.spin.adjoint_restart=5", "model.spin.adjoint.restart=5"),
-                     ("model.implicit.backward_tol=1e-4", "model.implicit.adjoint.tol"),
-                     ("model.spin.solver=picard", "model.spin.solver.name=picard"),
-                     ("model.neurogame.adjoint=unrolled", "model.neurogame.adjoint.name"),
-                     ("model.neurogame.update=damped", "solver.damping=0.7")):
-        with pytest.raises(C.ConfigError, match=re.escape(new)):
-            C.load_config(None, [old])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spinformer import solvers as S
-from spinformer._schema import ConfigError
+from spinformer._schema import AdjointOptions, ConfigError, SolverOptions, check_options
 from solver_helpers import random_contraction, tanh_map
 
 
@@ -235,20 +235,20 @@ def test_errors_are_clear():
 
 
 def test_config_names():
-    solver = S.SolverOptions(name="reversible", tol=1e-4, max_steps=30).build()
+    solver = SolverOptions(name="reversible", tol=1e-4, max_steps=30).build()
     assert isinstance(solver, S.Reversible) and solver.tol == 1e-4 and solver.max_steps == 30
-    assert isinstance(S.AdjointOptions(name="reversible").build(), S.ReversibleAdjoint)
+    assert isinstance(AdjointOptions(name="reversible").build(), S.ReversibleAdjoint)
     with pytest.raises(ConfigError):
-        S.AdjointOptions(name="reversible").check(root=True)
+        AdjointOptions(name="reversible").build(root=True)
     with pytest.raises(ConfigError):
-        S.SolverOptions(name="reversible").check(root=True)
+        SolverOptions(name="reversible").build(root=True)
 
     class Section:  # a family's section, as `check_options` sees it
         def __init__(self, solver, adjoint):
-            self.solver = S.SolverOptions(name=solver)
-            self.adjoint = S.AdjointOptions(name=adjoint)
+            self.solver = SolverOptions(name=solver)
+            self.adjoint = AdjointOptions(name=adjoint)
 
-    S.check_options(Section("reversible", "reversible"))
-    S.check_options(Section("reversible", "implicit"))
+    check_options(Section("reversible", "reversible"))
+    check_options(Section("reversible", "implicit"))
     with pytest.raises(ConfigError, match="adjoint.name: 'reversible'.*'anderson'"):
-        S.check_options(Section("anderson", "reversible"))
+        check_options(Section("anderson", "reversible"))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from spinformer import solvers as S
+from spinformer.config import SolverOptions
 from solver_helpers import (
     linear_map,
     numpy_iterate,
@@ -1123,11 +1124,11 @@ def test_unrolled_loop_matches_the_while_loop(x64):
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(S.fixed_point(fn, jnp.zeros(3), bs[0], solver=short).value)
     # the config section: unroll fits picard and anderson, and says so for the others
-    assert S.SolverOptions(name="picard", unroll=True).build().unroll
+    assert SolverOptions(name="picard", unroll=True).build().unroll
     from spinformer.config import ConfigError
 
     with pytest.raises(ConfigError, match="unroll"):
-        S.SolverOptions(name="broyden", unroll=True).build()
+        SolverOptions(name="broyden", unroll=True).build()
 
 
 def _dot_precisions(hlo: str) -> list[str]:
@@ -1171,7 +1172,7 @@ def test_solves_trace_their_products_at_the_solvers_precision():
 def test_precision_option_checked_and_carried_by_solver_options():
     with pytest.raises(ValueError, match="precision='tf32'.*tensorfloat32"):
         S.Picard(precision="tf32")
-    assert S.SolverOptions().build().precision == "highest"
-    assert S.SolverOptions(name="picard", precision=None).build().precision is None
-    assert S.SolverOptions(name="broyden", precision="tensorfloat32").build().precision == \
+    assert SolverOptions().build().precision == "highest"
+    assert SolverOptions(name="picard", precision=None).build().precision is None
+    assert SolverOptions(name="broyden", precision="tensorfloat32").build().precision == \
         "tensorfloat32"

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._choices import choice
+from .._schema import choice
 from ..spins import vector
 from ._diagnostics import Diagnostics, Stats
 from ._spin import SpinAttention, SpinUpdate

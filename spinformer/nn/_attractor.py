@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._choices import Choice, choice, register_choice
+from .._schema import Choice, choice, register_choice
 from .._patches import patchify, unpatchify
 from ..spins import attractor as _phys
 from ._diagnostics import Diagnostics

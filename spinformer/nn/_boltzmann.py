@@ -41,8 +41,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
@@ -71,13 +71,11 @@ class BoltzmannConfig:
     # point; a vmapped solve runs until its slowest system, so those failures also make
     # Anderson slower. Plain Picard fails more TAP solves than damped Picard. The
     # measurements are in docs/families/boltzmann.md.
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="picard", tol=1e-4, max_steps=100, damping=0.2),
+    solver: SolverOptions = option(
+        SolverOptions(name="picard", tol=1e-4, max_steps=100, damping=0.2),
         "mean_field/tap: the fixed-point solver")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(), "mean_field/tap: how gradients flow through the fixed point")
-
-    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps"}
+    adjoint: AdjointOptions = option(
+        AdjointOptions(), "mean_field/tap: how gradients flow through the fixed point")
 
     def __post_init__(self):
         if not (self.num_samples >= 1 and self.dqa_steps >= 1):
@@ -86,7 +84,7 @@ class BoltzmannConfig:
             raise ConfigError("burn_in and init_scale must be >= 0.")
         if not self.dqa_time > 0:
             raise ConfigError(f"dqa_time={self.dqa_time} must be > 0.")
-        solvers.check_options(self)
+        check_options(self)
 
 
 # the constructor's defaults are the config section's (one source of defaults)

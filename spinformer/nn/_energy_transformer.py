@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import Choice, ConfigError, choice, option, register_choice
 from ..spins import energy_transformer as et
 from ._diagnostics import Diagnostics
 from ._heads import check_heads, check_shapes

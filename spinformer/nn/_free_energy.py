@@ -40,14 +40,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
 from ._masks import combine_masks
 from ._registry import register_attention
 
+# config words of the saddle's own solver and adjoint
+register_choice("solver", "saddle_newton")(fe.SaddleNewton)
+register_choice("adjoint", "saddle_implicit")(fe.SaddleImplicit)
 
 
 class FreeEnergyCouplings(Choice):
@@ -144,21 +147,19 @@ class FreeEnergyConfig:
                             "/√(nD) from the fields", kind="free_energy.couplings")
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="saddle_newton", tol=1e-5, max_steps=50),
+    solver: SolverOptions = option(
+        SolverOptions(name="saddle_newton", tol=1e-5, max_steps=50),
         "the saddle's root finder (tol: max relative violation of the spherical constraint; "
         "saddle_newton keeps diag(t) - J positive definite)")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(name="saddle_implicit"),
+    adjoint: AdjointOptions = option(
+        AdjointOptions(name="saddle_implicit"),
         "how gradients flow through the saddle (saddle_implicit: the closed-form Hessian)")
-
-    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps"}
 
     def __post_init__(self):
         # the saddle exists and is unique for every beta > 0 (`spins.free_energy`)
         if not self.beta > 0:
             raise ConfigError(f"beta={self.beta} must be > 0.")
-        solvers.check_options(self, root=True)
+        check_options(self, root=True)
 
 
 # the constructor's defaults are the config section's (one source of defaults)

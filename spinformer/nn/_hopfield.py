@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
@@ -103,12 +103,12 @@ class HopfieldConfig:
                        "steps: num_steps updates; one_step: no update (softmax attention)",
                        kind="hopfield.mode")
     num_steps: int = option(1, "steps mode: updates of each query's state")
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="picard", tol=1e-3, max_steps=100),
+    solver: SolverOptions = option(
+        SolverOptions(name="picard", tol=1e-3, max_steps=100),
         "fixed_point: the retrieval's solver (picard: the plain updates, which never raise "
         "the energy)")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(name="phantom"),
+    adjoint: AdjointOptions = option(
+        AdjointOptions(name="phantom"),
         "fixed_point: how gradients flow through the retrieval (phantom: 5 damped updates "
         "backpropagated; implicit fails near the retrieval's bifurcations, see the class)")
 
@@ -117,7 +117,7 @@ class HopfieldConfig:
             raise ConfigError(f"beta={self.beta} must be > 0.")
         if not self.num_steps >= 1:
             raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
-        solvers.check_options(self)
+        check_options(self)
 
 
 # the constructor's defaults are the config section's (one source of defaults)

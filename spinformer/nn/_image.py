@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._choices import Choice, choice, register_choice
+from .._schema import Choice, choice, register_choice
 from ._block import Block
 from ._registry import get_attention
 

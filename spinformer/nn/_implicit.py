@@ -50,8 +50,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._masks import combine_masks
@@ -243,21 +243,18 @@ class ImplicitConfig:
                                 "internal dimension)")
     normalize_input: bool = option(True, "fields X = LayerNorm(x)/sqrt(d) (|X_i| ~ 1)")
     output_proj: bool = option(False, "mix the magnetizations with a learned d×d map")
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="anderson", tol=1e-4, max_steps=40),
+    solver: SolverOptions = option(
+        SolverOptions(name="anderson", tol=1e-4, max_steps=40),
         "the forward solver of the mean-field fixed point")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(tol=1e-4), "how gradients flow through the fixed point")
+    adjoint: AdjointOptions = option(
+        AdjointOptions(tol=1e-4), "how gradients flow through the fixed point")
     jacobian_penalty: float = option(0.0, "weight of the Jacobian regulariser "
                                      "‖∂F/∂m‖_F²/(N d) added to the loss (0: off)")
     spectral_steps: int = option(0, "power-iteration steps of the spectral-radius diagnostic "
                                  "(0: not computed)")
 
-    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
-              "backward_tol": "adjoint.tol"}
-
     def __post_init__(self):
-        solvers.check_options(self)
+        check_options(self)
         for name in ("onsager_hidden", "jacobian_penalty", "spectral_steps"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")

@@ -89,8 +89,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, merge_heads, project_heads
@@ -349,31 +349,25 @@ class NeuroGameConfig:
     gate: str = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
                        "banzhaf (lambda = 0)", kind="neurogame.gate")
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="picard", tol=1e-4, max_steps=100),
+    solver: SolverOptions = option(
+        SolverOptions(name="picard", tol=1e-4, max_steps=100),
         "the mean-field solver (picard: Algorithm 1's iteration, the paper's 25 steps are "
         "max_steps=25; solver.damping keeps that fraction of the old iterate, the paper's "
         "'damping factor 0.7' is damping=0.7)")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(tol=1e-4),
+    adjoint: AdjointOptions = option(
+        AdjointOptions(tol=1e-4),
         "gradients through the mean field: implicit (an Anderson backward solve) or "
         "unrolled (backpropagation through the iterations, as the paper's code)")
     normalize: str = option("players", "output normalisation: players (divide by the number "
                             "of players), sum (by the sum of alpha), none (the paper's)",
                             kind="neurogame.normalize")
 
-    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
-              "damping": "solver.damping",
-              "update": "the damped update is the solver's damping: update=plain is "
-                        "solver.damping=0 (the default), update=damped is solver.damping=0.7 "
-                        "(or the fraction of the old iterate to keep)."}
-
     def __post_init__(self):
         if not (self.train_samples >= 2 and self.eval_samples >= 2):
             raise ConfigError("train_samples and eval_samples must be >= 2.")
         if not self.gamma > 0:
             raise ConfigError(f"gamma={self.gamma} must be > 0.")
-        solvers.check_options(self)
+        check_options(self)
         if not self.eval_seed >= 0:
             raise ConfigError(f"eval_seed={self.eval_seed} must be >= 0.")
 

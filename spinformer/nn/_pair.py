@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from .._choices import Choice, choice, register_choice
+from .._schema import Choice, choice, register_choice
 from ._diagnostics import Diagnostics
 from ._neurogame import NeuroGameAttention, PooledGame
 from ._registry import Registration, get_attention

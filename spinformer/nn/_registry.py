@@ -6,7 +6,7 @@ A new attention is one module plus one frozen config dataclass:
 @dataclasses.dataclass(frozen=True)
 class HopfieldConfig:
     beta: float = option(1.0, "inverse temperature")
-    solver: solvers.SolverOptions = option(solvers.SolverOptions(name="picard"), "retrieval")
+    solver: SolverOptions = option(SolverOptions(name="picard"), "retrieval")
 
 _DEFAULTS = HopfieldConfig()
 
@@ -31,7 +31,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Optional, Union
 
-from .._choices import choice
+from .._schema import choice
 
 # The coupling fields assumed for an attention that does not declare its own: the maps that
 # build attention weights from queries and keys.

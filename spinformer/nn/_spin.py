@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._choices import Choice, choice, register_choice
-from .._schema import ConfigError, option
+from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
+                      choice, option, register_choice)
 from ..spins import vector
 from ..spins._common import solve as _solve
 from ._block import FeedForward
@@ -39,7 +39,6 @@ from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk
                      split_heads)
 from ._registry import register_attention
 
-_RENAMED_UPDATES = {"naive": "mean_field"}
 # The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
 _MIN_HEAD_DIM = 3
 
@@ -340,19 +339,18 @@ class SpinConfig:
     beta: float = option(2.0, "inverse temperature β of the vector-spin model (2 trains "
                          "better than 1; see experiments/results/spin_lm)")
     update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
-                         "order, with Onsager/feed-forward corrections)", kind="spin.update",
-                         renamed=_RENAMED_UPDATES)
+                         "order, with Onsager/feed-forward corrections)", kind="spin.update")
     mode: str = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
                        "num_steps time steps", kind="spin.mode")
     num_steps: int = option(2, "steps mode: number of time steps K")
     init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
                        "caller)", kind="spin.init")
-    solver: solvers.SolverOptions = option(
-        solvers.SolverOptions(name="anderson", tol=1e-3, max_steps=30),
+    solver: SolverOptions = option(
+        SolverOptions(name="anderson", tol=1e-3, max_steps=30),
         "the solver of the steady state and of the TAP step")
-    adjoint: solvers.AdjointOptions = option(
-        solvers.AdjointOptions(name="implicit", linear_solver="gmres", tol=1e-3, restart=5),
+    adjoint: AdjointOptions = option(
+        AdjointOptions(name="implicit", linear_solver="gmres", tol=1e-3, restart=5),
         "how gradients flow through the steady state")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
@@ -369,16 +367,12 @@ class SpinConfig:
     coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
                                    "sqrt(D_h)) (rows sum to c instead of 1)")
 
-    _MOVED = {"tol": "solver.tol", "max_steps": "solver.max_steps",
-              "adjoint_solver": "adjoint.linear_solver", "adjoint_tol": "adjoint.tol",
-              "adjoint_restart": "adjoint.restart"}
-
     def __post_init__(self):
         if not self.num_steps >= 1:
             raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
         if not self.beta > 0:
             raise ConfigError(f"beta={self.beta} must be > 0.")
-        solvers.check_options(self)
+        check_options(self)
         if not self.coupling_scale > 0:
             raise ConfigError(f"coupling_scale={self.coupling_scale} must be > 0.")
         if not self.field_ffn >= 0:
@@ -494,9 +488,6 @@ class SpinAttention(eqx.Module):
                 f"SpinAttention: the head width D_h = dim/num_heads = {dim // num_heads} must be "
                 "> 2 (spins live on spheres of radius sqrt(D_h/2 - 1)); use fewer heads."
             )
-        if update in _RENAMED_UPDATES:
-            raise ValueError(f"SpinAttention: update={update!r} is now called "
-                             f"{_RENAMED_UPDATES[update]!r}.")
         update, mode, init, output = (
             choice(f"spin.{name}", value, where=f"SpinAttention: {name}")
             for name, value in (("update", update), ("mode", mode), ("init", init),

@@ -29,7 +29,7 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
 `register_choice(kind, name)` adds one.
 """
 
-from .._choices import Choice, choice, choice_names, register_choice
+from .._schema import Choice, choice, choice_names, register_choice
 from ._attractor import (AttractorConstraint, AttractorObjective, BlockNorm, EnergyObjective,
                          GlobalNorm, PseudoLikelihoodObjective)
 from ._boltzmann import (DQA, BoltzmannInference, BoltzmannMode, BoltzmannSampler, EnergyH,

@@ -10,8 +10,9 @@ sol.value, sol.num_steps, sol.residual, sol.result == solvers.RESULTS.successful
 
 Options are objects, not strings: a solver carries its stopping rule (`tol`, `max_steps`,
 `norm`), an adjoint says how gradients flow, a linear solver how the adjoint system is
-solved. In configs they are the sections `solver` and `adjoint` (`SolverOptions`,
-`AdjointOptions`), the one place where their names become objects.
+solved. This package knows nothing of configs and imports no other part of spinformer; the
+config sections `solver` and `adjoint` (`spinformer.config.SolverOptions`,
+`AdjointOptions`) turn YAML words into these objects.
 """
 
 from ._adjoint import (
@@ -27,8 +28,6 @@ from ._adjoint import (
 )
 from ._fixed_point import fixed_point, root_find
 from ._linear import AbstractLinearSolver, Auto, BiCGStab, Dense, GMRES
-from ._options import (AdjointOptions, SolverOptions, check_options, register_adjoint,
-                       register_solver)
 from ._results import RESULTS, Solution, backward_error_if
 from ._reversible import Reversible, ReversibleAdjoint
 from ._solvers import (
@@ -50,7 +49,6 @@ __all__ = [
     "AbstractLinearSolver",
     "AbstractRootFinder",
     "AbstractSolver",
-    "AdjointOptions",
     "Anderson",
     "Auto",
     "BiCGStab",
@@ -67,18 +65,14 @@ __all__ = [
     "Reversible",
     "ReversibleAdjoint",
     "Solution",
-    "SolverOptions",
     "Unrolled",
     "backward_error_if",
     "backward_stats",
-    "check_options",
     "fixed_point",
     "jacobian_penalty",
     "l2_norm",
     "max_norm",
     "record_backward",
-    "register_adjoint",
-    "register_solver",
     "root_find",
     "spectral_radius",
 ]

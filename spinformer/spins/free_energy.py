@@ -493,9 +493,6 @@ class SaddleImplicit(solvers.Implicit):
 
 _DEFAULT_SOLVER = SaddleNewton()
 _DEFAULT_ADJOINT = SaddleImplicit()
-# config names (`model.free_energy.solver.name: saddle_newton`)
-solvers.register_solver("saddle_newton", SaddleNewton, root=True)
-solvers.register_adjoint("saddle_implicit", SaddleImplicit, root=True)
 
 _T0_CODE = 3  # index of the "t0 not PD" message (reported as RESULTS.nonfinite)
 

@@ -25,7 +25,7 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
-from .._choices import choice
+from .._schema import choice
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
