@@ -41,11 +41,33 @@ def _string_comparisons(path: pathlib.Path):
             yield node.lineno, what, ast.unparse(node)
 
 
-def test_no_option_is_compared_with_a_string_in_nn():
-    found = [f"{p.name}:{line}: {src}" for p in sorted(NN.glob("*.py"))
-             for line, what, src in _string_comparisons(p)
-             if (p.name, what) not in _NOT_OPTIONS]
-    assert not found, "option values compared with strings:\n" + "\n".join(found)
+def _literal_values(path: pathlib.Path) -> set:
+    """The strings of every `Literal[...]` written in a source file."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                and node.value.id == "Literal"):
+            out |= {c.value for c in ast.walk(node.slice)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return out
+
+
+def test_strings_compared_in_nn_are_declared_literal_values():
+    """A choice that only switches a term is a `Literal[...]` field; a string compared in
+    `spinformer.nn` must be one of the values some `Literal` there declares (a misspelled
+    branch would never run). Algorithms are objects and are never compared with strings."""
+    declared = set().union(*(_literal_values(p) for p in NN.glob("*.py")))
+    found = []
+    for p in sorted(NN.glob("*.py")):
+        for line, what, src in _string_comparisons(p):
+            if (p.name, what) in _NOT_OPTIONS:
+                continue
+            tree = ast.parse(src)
+            strings = {c.value for c in ast.walk(tree)
+                       if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if not strings <= declared:
+                found.append(f"{p.name}:{line}: {src} ({sorted(strings - declared)})")
+    assert not found, "strings compared that no Literal declares:\n" + "\n".join(found)
 
 
 def test_the_scan_finds_a_comparison(tmp_path):
