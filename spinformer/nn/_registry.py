@@ -18,11 +18,14 @@ class HopfieldAttention(eqx.Module):
 ```
 
 After registration `Transformer(attention="hopfield")` builds it, every `ModelConfig` made
-from then on has the section `model.hopfield` and the choice `model.attention: hopfield` (the
+from then on accepts `model.attention: hopfield` with the section `model.hopfield` (the
 config reads the registry when it is made, so it is never stale), and
 `spinformer.train.build_model` passes the section's fields to the constructor by name, the
 `solver` section built into a solver object (`section_kwargs`). The constructor's defaults
 are the section's, so a module built in Python equals one built from a default config.
+
+Registrations live in the one name table of `spinformer._schema` (kind `"attention"`), beside
+the solvers, adjoints and the families' algorithm choices.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Optional, Union
 
-from .._schema import choice
+from .._schema import _TABLE, choice, choice_class
 
 # The coupling fields assumed for an attention that does not declare its own: the maps that
 # build attention weights from queries and keys.
@@ -56,7 +59,8 @@ class Registration:
     - `name`: the name used in configs (`model.attention`) and by `Transformer(attention=...)`.
     - `cls`: the attention class, called as `cls(dim=, num_heads=, causal=, key=, **kwargs)`.
     - `config`: its frozen config dataclass (the section `model.<name>`), or None if it has
-      no options; `kwargs_from` turns a section into constructor keyword arguments.
+      no options; `kwargs_from` turns a section into constructor keyword arguments
+      (`section_kwargs`).
     - `help`: one line for `model.attention`'s description.
     - `takes_max_len`: the constructor needs `max_len=` (the longest key sequence).
     - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
@@ -99,12 +103,11 @@ class Registration:
         if not isinstance(section, self.config):
             raise TypeError(f"attention {self.name!r}: expected a {self.config.__name__} "
                             f"section, got {type(section).__name__}.")
-        from_config = getattr(self.cls, "from_config", None)
-        return dict(from_config(section) if from_config is not None
-                    else section_kwargs(section))
+        return section_kwargs(section)
 
 
-_REGISTRY: dict[str, Registration] = {}
+# name -> Registration: the "attention" entries of the one name table
+_REGISTRY: dict[str, Registration] = _TABLE.setdefault("attention", {})
 
 
 def register_attention(
@@ -127,10 +130,9 @@ def register_attention(
     - `name`: a Python identifier (it becomes the config section `model.<name>`).
     - `config`: a frozen dataclass of the module's options (fields made with
       `spinformer.config.option`), or None. Each field is passed to the constructor under
-      its own name (`solver`/`adjoint` sections built into objects, `section_kwargs`),
-      unless the class defines the classmethod `from_config(section) -> dict`. Take the
-      constructor's defaults from the section (`_DEFAULTS = Config()`, `beta=_DEFAULTS.beta`)
-      so that both agree: a test builds every registration both ways.
+      its own name (`solver`/`adjoint` sections built into objects, `section_kwargs`). Take
+      the constructor's defaults from the section (`_DEFAULTS = Config()`,
+      `beta=_DEFAULTS.beta`) so that both agree: a test builds every registration both ways.
     - `help`: one line saying what the attention is.
     - `takes_max_len`: the constructor takes `max_len=` (given by `Transformer`).
     - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
@@ -173,17 +175,15 @@ def section_kwargs(section) -> dict:
     """Constructor keyword arguments from a config section: every field under its own name,
     a sub-section that describes an object (a solver, an adjoint: it has `build()`) built
     into that object, and a field declared with `option(..., kind=...)` turned from its name
-    into its option object (`spinformer._choices.choice`). What `Registration.kwargs_from` uses when the class defines no
-    `from_config`."""
+    into its option object (`spinformer._schema.choice`). What `Registration.kwargs_from`
+    uses."""
     return {f.name: (choice(f.metadata["kind"], v, where=f.name) if "kind" in f.metadata
                      else v.build() if hasattr(v, "build") else v)
             for f in dataclasses.fields(section) for v in [getattr(section, f.name)]}
 
 
 def _check_section_matches(name: str, cls: type, config: type) -> None:
-    """Without `from_config`, every field of the section must be a constructor argument."""
-    if callable(getattr(cls, "from_config", None)):
-        return
+    """Every field of the section must be a constructor argument."""
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
@@ -191,7 +191,7 @@ def _check_section_matches(name: str, cls: type, config: type) -> None:
     if missing:
         raise TypeError(f"register_attention({name!r}): {cls.__name__}'s constructor has no "
                         f"argument {missing[0]!r} of its config section; rename the field or "
-                        "define a classmethod from_config(section) -> dict.")
+                        "the argument.")
 
 
 def unregister_attention(name: str) -> None:
@@ -225,11 +225,7 @@ def get_attention(attention: Union[str, type, Callable]) -> Registration:
     registration of its own (no config, no `max_len`, the default coupling fields), so any
     `attention(dim=, num_heads=, causal=, key=, **kwargs)` works."""
     if isinstance(attention, str):
-        if attention not in _REGISTRY:
-            raise ValueError(f"unknown attention {attention!r}; choose one of "
-                             f"{list(_REGISTRY)} or register it with "
-                             "spinformer.nn.register_attention.")
-        return _REGISTRY[attention]
+        return choice_class("attention", attention, where="attention")
     for reg in _REGISTRY.values():
         if reg.cls is attention:
             return reg
