@@ -7,10 +7,10 @@ import os
 import warnings
 
 # jaxlib releases that split a batched LAPACK call on the CPU over XLA's intra-op pool and
-# wait for the parts there: as many concurrent calls as the pool has threads never return.
-# Measured on 2 cores: 0.10.0 and 0.10.2 hang (Cholesky, LU and triangular solves, eigh,
-# inverse), 0.9.2 does not (tests/test_toolchain.py). pyproject.toml excludes them; an
-# environment installed around that (`--no-deps`, a GPU build) can still have one.
+# wait for the parts there: as many concurrent calls as the pool has threads never return
+# (0.10.0 and 0.10.2 hang in Cholesky, LU and triangular solves, eigh and inverse; 0.9.x does
+# not; tests/test_toolchain.py). pyproject.toml excludes them; an environment installed
+# around that (`--no-deps`, a GPU build) can still have one.
 _DEADLOCKING_JAXLIB = ("0.10.",)
 
 
@@ -46,13 +46,11 @@ def check_jaxlib() -> bool:
 
 # glibc's malloc serves XLA:CPU's large buffers (a training step's temporaries, often more
 # than 100 MiB) by fresh memory mappings, so every step pays a page fault per 4 KiB page it
-# touches: 37,000 minor faults per step for the character-level Shakespeare spin config
-# (batch 16, 128 tokens, width 64, 4 layers). With the tunable below (glibc >= 2.35) malloc
-# asks the kernel for transparent huge pages on those mappings (where THP is in `madvise`
-# or `always` mode), and the faults drop to ~230 per step: measured on 2 cores, that
-# config's forward + backward 234 -> 172 ms (softmax's 208 -> 139 ms), `spinformer run`
-# 4.2 -> 5.2 steps/s; the quickstart (small buffers) and the test suite (compile-bound)
-# unchanged. The tunable must be in the environment when the process starts, so the
+# touches. With the tunable below (glibc >= 2.35) malloc asks the kernel for transparent huge
+# pages on those mappings (where THP is in `madvise` or `always` mode): one fault per 2 MiB
+# instead of per 4 KiB, which shortens the steps of models with large activations (the
+# installing guide's "Speed on the CPU" has the figures); programs with small buffers are
+# unaffected. The tunable must be in the environment when the process starts, so the
 # `spinformer` command and the experiment scripts re-execute themselves with it
 # (`restart_with_hugepages`).
 HUGEPAGE_TUNABLE = "glibc.malloc.hugetlb=1"

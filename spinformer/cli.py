@@ -105,7 +105,7 @@ class _SignalEcho:
     delivered twice, not a second one: coreutils `timeout` (and any process-group kill after
     a direct one) sends SIGTERM to the process and then to its whole group."""
 
-    SAME_REQUEST_S = 0.25
+    SAME_REQUEST_S = 0.0
 
     def __enter__(self):
         import os
@@ -478,9 +478,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Called from the command line (`argv` None), it first restarts the process once with
     glibc's malloc set to back large buffers with transparent huge pages where the system
-    supports it (`spinformer._toolchain.hugepage_environment`: a training step of the
-    Shakespeare spin config 1.2-1.4x faster on the CPU); `SPINFORMER_HUGEPAGES=0` turns
-    that off."""
+    supports it (`spinformer._toolchain.hugepage_environment`: fewer page faults for large
+    activations); `SPINFORMER_HUGEPAGES=0` turns that off."""
     try:  # everything that imports JAX is inside: a Ctrl-C then is one line
         if argv is None:  # `python -m spinformer` runs the package, not this file's path
             from ._toolchain import restart_with_hugepages
