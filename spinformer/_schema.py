@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any, Callable, ClassVar, Optional, Union
 
 from . import solvers
@@ -186,11 +187,15 @@ class _Named:
         return cls
 
     def __post_init__(self):
-        # the object's own class checks the values (one check each, where they are owned)
+        # the object's own class checks the values (one check each, where they are owned);
+        # its message names the argument, `Cls(tol=0.0) must be ...`: the key leads
         try:
             self.build()
+        except ConfigError:
+            raise
         except ValueError as e:
-            raise ConfigError(str(e)) from None
+            key = re.match(r"\w+\((\w+)=", str(e))
+            raise ConfigError(f"{key.group(1)}: {e}" if key else str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
