@@ -105,7 +105,7 @@ class _SignalEcho:
     delivered twice, not a second one: coreutils `timeout` (and any process-group kill after
     a direct one) sends SIGTERM to the process and then to its whole group."""
 
-    SAME_REQUEST_S = 0.0
+    SAME_REQUEST_S = 0.25
 
     def __enter__(self):
         import os
@@ -498,6 +498,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("spinformer: interrupted (checkpoints already on disk are intact)",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `spinformer list | head`: the reader is gone, no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _import_hint(e: Exception) -> str:

@@ -1066,16 +1066,18 @@ def _ckpt_list(d):
     return train.list_checkpoints(d)
 
 
-def _signal_while_compiling(tmp_path, name, signals):
+def _signal_while_compiling(tmp_path, name, signals, group=False):
     """Start `spinformer run` of the quickstart (its first step compiles for seconds), send
-    each of `signals` once the training loop has started (the first step compiling), 0.3 s
-    apart; return `(process, stderr lines with the time each arrived, time sent)`."""
+    each of `signals` once the training loop has started (the first step compiling), 0.6 s
+    apart (repeats closer than `cli._SignalEcho.SAME_REQUEST_S` count once); with `group`,
+    each to the process and then to its process group, as coreutils `timeout` does. Return
+    `(process, stderr lines with the time each arrived, time sent)`."""
     import threading
 
     cfgp = pathlib.Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
     out = tmp_path / name
     proc = _run_cli(["run", str(cfgp), "--out", str(out), "--no-progress", "--set",
-                     "train.steps=50"])
+                     "train.steps=50"], start_new_session=group)
     lines = []
 
     def read():
@@ -1093,7 +1095,9 @@ def _signal_while_compiling(tmp_path, name, signals):
     sent = time.time()
     for sig in signals:
         proc.send_signal(sig)
-        time.sleep(0.3)
+        if group:
+            os.killpg(proc.pid, sig)
+        time.sleep(0.6)
     proc.wait(timeout=240)
     reader.join(timeout=10)
     return proc, lines, sent
@@ -1118,6 +1122,56 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     ack = [t for t, x in lines if "SIGINT received" in x]
     assert ack and ack[0] - sent < 1.0  # acknowledged at once, while compiling
     assert "SIGINT again: stopping now" in err and "Traceback" not in err
+
+
+def test_one_sigterm_to_process_and_group_is_one_request(tmp_path):
+    """coreutils `timeout` sends its SIGTERM to the command and then to the command's
+    process group: delivered twice at once, it is one request (a checkpoint after the step
+    in flight), not "again: stopping now"."""
+    proc, lines, sent = _signal_while_compiling(tmp_path, "run", [signal.SIGTERM], group=True)
+    err = "".join(x for _, x in lines)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "SIGTERM received" in err and "SIGTERM again" not in err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+
+
+def test_a_signal_repeated_at_once_is_acknowledged_once():
+    """The acknowledging thread counts a repeat of the same signal within
+    `SAME_REQUEST_S` once, however the two deliveries fall (here 50 ms apart, so that the
+    kernel cannot merge them): one line, and the process is not stopped at once."""
+    code = ("import os, signal, time\n"
+            "from spinformer import cli\n"
+            "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+            "with cli._SignalEcho():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(0.05)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(0.5)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("SIGTERM received") == 1 and "again" not in proc.stderr.replace(
+        "send it again", "")
+
+
+def test_ctrl_c_while_importing_is_one_line(tmp_path):
+    """Ctrl-C while the command is still importing JAX: one line, exit status 130."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SPINFORMER_HUGEPAGES="0")
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "spinformer", "run",
+                             "quickstart", "--out", str(tmp_path / "run")], env=env,
+                            stderr=subprocess.PIPE, text=True,
+                            cwd=pathlib.Path(__file__).resolve().parent.parent)
+    lines = []
+    for line in proc.stderr:  # `-X importtime`: a line as each module is imported
+        lines.append(line)
+        if "jax._src" in line:  # inside `import jax`, which has not finished yet
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stderr.readlines()
+    proc.wait(timeout=60)
+    ours = [x for x in lines if not x.startswith("import time:")]
+    assert proc.returncode == 130, "".join(ours)[-2000:]
+    assert len(ours) == 1 and ours[0].startswith("spinformer: interrupted"), "".join(ours)
 
 
 def test_stop_requests_reach_the_active_loop_or_wait_for_the_next():
