@@ -345,3 +345,48 @@ def test_zoo_locks(tmp_path):
     (lock / "owner").write_text(f"{__import__('socket').gethostname()} {dead}")
     assert zoo.claim(out)
     assert (lock / "owner").read_text().endswith(str(os.getpid()))
+
+
+def test_a_grid_in_one_process_does_not_grow_its_memory_mappings(tmp_path):
+    """Each XLA:CPU executable keeps memory mappings of its own; a grid of runs in one process
+    kept them all and died at the kernel's limit (vm.max_map_count, 65,530) after 38 runs.
+    The experiments' entry point (`_cli.run_script`) releases the compiled programs after
+    every training run: four tiny runs of different shapes (each compiling its own
+    programs) leave the process's mapping count where the first left it (unreleased, each
+    run here added about 400)."""
+    import subprocess
+
+    script = f"""
+import pathlib, sys
+sys.path.insert(0, {str(ROOT / "experiments")!r})
+import _cli
+import spinformer as sf
+
+
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def main():
+    base = sf.config.load_config({str(ROOT / "configs" / "brackets_softmax.yaml")!r})
+    counts = []
+    for i, dim in enumerate([8, 12, 16, 20]):
+        cfg = base.replace({{"model.dim": dim, "model.ffn_hidden": 8, "data.seq_len": 6,
+                            "data.batch_size": 2, "data.eval_batches": 1, "train.steps": 1,
+                            "train.eval_every": 1, "train.progress": False}})
+        sf.train.run(cfg, pathlib.Path({str(tmp_path)!r}) / f"cell{{i}}")
+        counts.append(maps())
+    print("maps", *counts)
+
+
+_cli.run_script(main)
+"""
+    if not pathlib.Path("/proc/self/maps").exists():
+        pytest.skip("no /proc/self/maps on this system")
+    env = dict(__import__("os").environ, SPINFORMER_HUGEPAGES="0")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = [int(c) for c in proc.stdout.split("maps", 1)[1].split()]
+    assert max(counts) - counts[0] < 150, counts
