@@ -1050,7 +1050,35 @@ def test_sigterm_checkpoints_and_resume_is_bit_identical(tmp_path):
 
 
 def test_sigint_checkpoints_and_exits_cleanly(tmp_path):
-    _, proc, err = _signal_mid_run(tmp_path, "run", signal.SIGINT, 3000)
+    """Ctrl-C in the training loop writes a checkpoint and exits with 128 + SIGINT. Nothing
+    here depends on timing (a loaded machine runs it too): the run is far longer than any
+    test (it can never finish first), SIGINT is sent once the loop has logged its 4th
+    record (an observable event, waited for as long as a slow machine needs), and the output
+    goes to files (no pipe can fill up and stall the run)."""
+    cfg = _digits_cfg(**{"train.steps": 10**7, "train.log_every": 5, "train.eval_every": 500,
+                         "train.checkpoint_every": 0})
+    path = tmp_path / "cfg.yaml"
+    C.save_config(cfg, path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as errf:
+        proc = subprocess.Popen([sys.executable, "-m", "spinformer", "run", str(path), "--out",
+                                 str(tmp_path / "run"), "--no-progress"],
+                                env=dict(os.environ, JAX_PLATFORMS="cpu"), stdout=out,
+                                stderr=errf)
+        try:
+            deadline = time.time() + 600
+            while proc.poll() is None and time.time() < deadline and not (
+                    metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
+                time.sleep(0.1)
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+            assert len(metrics.read_text().splitlines()) >= 4, "no 4th record in 600 s"
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
     assert "stopped by SIGINT at step" in err and "Traceback" not in err
     ((stopped, path),) = _ckpt_list(tmp_path / "run")
