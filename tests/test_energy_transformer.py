@@ -150,7 +150,7 @@ def test_attention_module(getkey):
     assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(eqx.filter(grads,
                                                                           eqx.is_array)))
     soft = nn.EnergyTransformerAttention(16, 2, hopfield="softmax", key=getkey())
-    assert soft.hopfield == nn.options.SoftmaxMemories()
+    assert soft.hopfield == "softmax"
 
 
 def test_errors():

@@ -131,7 +131,7 @@ def test_retrieval_attention_solves_each_query_and_stays_causal(getkey):
     # steps mode with many steps approaches the fixed point
     many = nn.HopfieldAttention(16, 2, causal=True, beta=2.0, mode="steps", num_steps=60,
                                 key=jax.random.key(0))
-    fixed = nn.HopfieldAttention(16, 2, causal=True, beta=2.0, mode=nn.options.Retrieval(),
+    fixed = nn.HopfieldAttention(16, 2, causal=True, beta=2.0, mode="fixed_point",
                                  solver=tight, key=jax.random.key(0))
     np.testing.assert_allclose(many(x), fixed(x), atol=1e-3)
 

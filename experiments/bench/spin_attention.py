@@ -210,7 +210,7 @@ def _step_cost(model, tokens):
 
     def loss(model, tokens):
         h = jax.vmap(lambda t: _unroll_call(model.transformer, t))(tokens)
-        return _cross_entropy(jax.vmap(lambda h: model.pool.logits(model.readout, h))(h), tokens)
+        return _cross_entropy(jax.vmap(jax.vmap(model.readout))(h), tokens)  # pool "none"
 
     return xla_cost(eqx.filter_grad(loss), model, tokens)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union
 
 import equinox as eqx
 import jax
@@ -27,14 +27,12 @@ from .._schema import Choice, choice, register_choice
 from .._patches import patchify, unpatchify
 from ..spins import attractor as _phys
 from ._diagnostics import Diagnostics
+from ._literal import check_literal
 
 __all__ = [
-    "AttractorConstraint",
     "AttractorNetwork",
     "AttractorObjective",
-    "BlockNorm",
     "EnergyObjective",
-    "GlobalNorm",
     "PixelSpinEmbedding",
     "PseudoLikelihoodObjective",
     "attractor_sgd_step",
@@ -43,63 +41,35 @@ __all__ = [
 
 # --- the options: which norm is held fixed, and what training minimises ---------------------
 
-class AttractorConstraint(Choice):
-    """Which norm of the couplings `AttractorNetwork` holds fixed (the option `constraint`,
-    kind `"attractor.constraint"`): `BlockNorm` (`"block"`) or `GlobalNorm` (`"global"`).
-    The couplings' diagonal blocks 𝕁_ii are zero under both."""
-
-    def initial(self, J: Float[Array, "N N d d"], dim: int) -> tuple[Array, float]:
-        """The initial couplings on the constraint and the norm held fixed, from the drawn
-        couplings `J` (zero diagonal blocks, entries uniform in [−1/(2d), 1/(2d)])."""
-        raise NotImplementedError
-
-    def project(self, J: Float[Array, "N N d d"], norm_value: float) -> Array:
-        """`J` put back on the constraint: zero diagonal blocks, the norm `norm_value`."""
-        raise NotImplementedError
-
-    def measure(self, J: Float[Array, "N N d d"]) -> Array:
-        """The constrained norm of `J`."""
-        raise NotImplementedError
+#: Which norm of the couplings `AttractorNetwork` holds fixed (`constraint=`): `"global"`,
+#: the Frobenius norm of the whole tensor `(N, N, d, d)`, held at its initial value; or
+#: `"block"`, the Frobenius norm of every block 𝕁_ij (i ≠ j), held at the expected block
+#: norm of the initialisation, d·(1/(2d))/√3 = 1/(2√3). The diagonal blocks 𝕁_ii are zero
+#: under both.
+Constraint = Literal["global", "block"]
 
 
-@register_choice("attractor.constraint", "global")
-@dataclasses.dataclass(frozen=True)
-class GlobalNorm(AttractorConstraint):
-    """The Frobenius norm of the whole coupling tensor is held at its initial value."""
-
-    def initial(self, J, dim):
-        return J, float(jnp.sqrt(jnp.sum(J * J)))
-
-    def project(self, J, norm_value):
-        J = _phys.zero_diagonal(J)
-        return J * (norm_value / jnp.sqrt(jnp.sum(J * J)))
-
-    def measure(self, J):
-        """A scalar."""
-        return jnp.sqrt(jnp.sum(J * J))
+def _project_global(J: Float[Array, "N N d d"], norm_value: float) -> Array:
+    """`J` with zero diagonal blocks, scaled to the whole tensor's norm `norm_value`."""
+    J = _phys.zero_diagonal(J)
+    return J * (norm_value / jnp.sqrt(jnp.sum(J * J)))
 
 
-@register_choice("attractor.constraint", "block")
-@dataclasses.dataclass(frozen=True)
-class BlockNorm(AttractorConstraint):
-    """The Frobenius norm of every block 𝕁_ij (i ≠ j) is held at the expected block norm of
-    the initialisation, d·(1/(2d))/√3 = 1/(2√3)."""
+def _project_block(J: Float[Array, "N N d d"], norm_value: float) -> Array:
+    """`J` with zero diagonal blocks, every other block 𝕁_ij scaled to the norm
+    `norm_value`."""
+    J = _phys.zero_diagonal(J)
+    n = jnp.sqrt(jnp.sum(J * J, axis=(2, 3), keepdims=True))
+    N = J.shape[0]
+    eye = jnp.eye(N, dtype=bool)[:, :, None, None]
+    return jnp.where(eye, 0.0, J * (norm_value / jnp.where(eye, 1.0, n)))
 
-    def initial(self, J, dim):
-        # the expected block norm, d·(1/(2d))/√3, the same for every block
-        norm_value = float(0.5 / math.sqrt(3.0))
-        return self.project(J, norm_value), norm_value
 
-    def project(self, J, norm_value):
-        J = _phys.zero_diagonal(J)
-        n = jnp.sqrt(jnp.sum(J * J, axis=(2, 3), keepdims=True))
-        N = J.shape[0]
-        eye = jnp.eye(N, dtype=bool)[:, :, None, None]
-        return jnp.where(eye, 0.0, J * (norm_value / jnp.where(eye, 1.0, n)))
-
-    def measure(self, J):
-        """`(N, N)`, zero on the diagonal."""
-        return jnp.sqrt(jnp.sum(J * J, axis=(2, 3)))
+# `J (N, N, d, d)` and the norm held fixed -> `J` put back on the constraint
+_PROJECT = {"global": _project_global, "block": _project_block}
+# `J` -> the constrained norm: a scalar (`"global"`) or `(N, N)`, zero on the diagonal
+_MEASURE = {"global": lambda J: jnp.sqrt(jnp.sum(J * J)),
+            "block": lambda J: jnp.sqrt(jnp.sum(J * J, axis=(2, 3)))}
 
 
 class AttractorObjective(Choice):
@@ -236,7 +206,7 @@ class AttractorNetwork(eqx.Module):
     Fields: `couplings (N, N, d, d)` — the only trained array; `embedding` (fixed
     `PixelSpinEmbedding`); `norm_value`, the Frobenius norm the couplings are held at (of the
     whole tensor with `constraint="global"`, of every block 𝕁_ij with `"block"`);
-    `constraint`, the `AttractorConstraint` object.
+    `constraint`, which of the two.
 
     **Arguments:**
 
@@ -245,10 +215,9 @@ class AttractorNetwork(eqx.Module):
       dynamics at test time (paper: 1).
     - `gamma`: self-coupling γ in x_i ← Σ_j α 𝕁 x_j + γ x_i (paper: 1).
     - `norm`: `"sphere"` (default) or `"layernorm"` after every step (`spins.attractor.normalize`).
-    - `constraint`: an `AttractorConstraint` or its name, `BlockNorm()` (`"block"`, default)
-      or `GlobalNorm()` (`"global"`) — which norm is held fixed, see above. The
-      paper says "the L2 norm of the matrix is kept fixed", and calls each 𝕁_ij "a d × d
-      matrix"; holding every block's norm is also what reproduces its transient memories
+    - `constraint`: `"block"` (default) or `"global"` — which norm is held fixed, see
+      above. The paper says "the L2 norm of the matrix is kept fixed", and calls each 𝕁_ij
+      "a d × d matrix"; holding every block's norm is also what reproduces its transient memories
       (with the whole tensor's norm fixed, training concentrates the couplings on a few pairs
       and the masked-prediction optimum moves to much later times, with a smaller gain;
       experiments/results/attractor/findings.md).
@@ -265,23 +234,28 @@ class AttractorNetwork(eqx.Module):
     lam_test: float = eqx.field(static=True)
     gamma: float = eqx.field(static=True)
     norm: str = eqx.field(static=True)
-    constraint: AttractorConstraint = eqx.field(static=True)
+    constraint: Constraint = eqx.field(static=True)
 
     def __init__(self, image_shape: Sequence[int], patch: int, dim: int, *,
                  lam_train: float = 5.0, lam_test: float = 1.0, gamma: float = 1.0,
                  norm: str = "sphere",
-                 constraint: Union[AttractorConstraint, str] = "block",
+                 constraint: Constraint = "block",
                  key: PRNGKeyArray):
         if norm not in _phys.NORMS:
             raise ValueError(f"AttractorNetwork: norm must be one of {_phys.NORMS}; got "
                              f"{norm!r}.")
-        constraint = choice("attractor.constraint", constraint,
-                            where="AttractorNetwork: constraint")
+        constraint = check_literal("AttractorNetwork", "constraint", constraint, Constraint)
         ke, kj = jax.random.split(key)
         self.embedding = PixelSpinEmbedding(image_shape, patch, dim, key=ke)
         N, d = self.embedding.num_tokens, int(dim)
         J = jax.random.uniform(kj, (N, N, d, d), minval=-0.5 / d, maxval=0.5 / d)
-        self.couplings, self.norm_value = constraint.initial(_phys.zero_diagonal(J), d)
+        J = _phys.zero_diagonal(J)
+        if constraint == "global":
+            self.couplings, self.norm_value = J, float(jnp.sqrt(jnp.sum(J * J)))
+        else:
+            # the expected block norm, d·(1/(2d))/√3, the same for every block
+            self.norm_value = float(0.5 / math.sqrt(3.0))
+            self.couplings = _project_block(J, self.norm_value)
         self.lam_train, self.lam_test, self.gamma = float(lam_train), float(lam_test), float(gamma)
         self.norm, self.constraint = norm, constraint
 
@@ -337,12 +311,12 @@ class AttractorNetwork(eqx.Module):
     def constrained(self) -> "AttractorNetwork":
         """The same network with the couplings put back on the constraint (norm, 𝕁_ii = 0)."""
         return eqx.tree_at(lambda m: m.couplings, self,
-                           self.constraint.project(self.couplings, self.norm_value))
+                           _PROJECT[self.constraint](self.couplings, self.norm_value))
 
     def coupling_norm(self) -> Array:
         """The constrained norm: of the whole tensor (`constraint="global"`, a scalar) or of
         every block 𝕁_ij (`"block"`, `(N, N)`, zero on the diagonal)."""
-        return self.constraint.measure(self.couplings)
+        return _MEASURE[self.constraint](self.couplings)
 
 
 def attractor_sgd_step(net: AttractorNetwork, images: Float[ArrayLike, "B H W"], *, lr: float,
@@ -373,7 +347,7 @@ def attractor_sgd_step(net: AttractorNetwork, images: Float[ArrayLike, "B H W"],
     value, g = jax.value_and_grad(loss)(net.couplings)
     gnorm = jnp.sqrt(jnp.sum(g * g))
     g = g * jnp.minimum(1.0, clip / (gnorm + 1e-12))
-    J = net.constraint.project(net.couplings - lr * g, net.norm_value)
+    J = _PROJECT[net.constraint](net.couplings - lr * g, net.norm_value)
     ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
     J = jnp.where(ok, J, net.couplings)  # a non-finite step is skipped, never applied
     net = eqx.tree_at(lambda m: m.couplings, net, J)

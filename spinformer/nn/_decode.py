@@ -66,9 +66,9 @@ class DecodeState(eqx.Module):
 
 def _transformer(model) -> Transformer:
     if isinstance(model, SequenceModel):
-        if not model.pool.per_position:
+        if model.pool != "none":
             raise ValueError("decoding needs per-position outputs (a CausalLM or a causal "
-                             f"Tagger); this model pools (pool={str(model.pool)!r}).")
+                             f"Tagger); this model pools (pool={model.pool!r}).")
         return model.transformer
     if isinstance(model, Transformer):
         return model

@@ -7,8 +7,8 @@ The layer's input x₀ `(n, D)` descends E(LN(x)) = E_ATT + E_HN for `steps` ste
 returns the displacement x_T − x₀: inside a pre-norm block the residual stream then moves
 as the paper's tokens do. The layer norm is the energy-based one (learned γ > 0, kept
 positive as exp(log γ), and δ), the attention energy has queries and keys and no values,
-and the Hopfield memories are ξ `(M, D)` (`hopfield`: `ReluMemories` or
-`SoftmaxMemories`).
+and the Hopfield memories are ξ `(M, D)` (`hopfield`: `"relu"` or `"softmax"`, the energy's
+`kind=` in `spins.energy_transformer`).
 
 Not causal: every token's update depends on every other token through the keys
 (∂E_ATT/∂g_B sums over the queries that see B), so causal models are refused; a padding
@@ -19,37 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Union
+import typing
+from typing import Optional
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._schema import Choice, ConfigError, choice, option, register_choice
+from .._schema import ConfigError, option
 from ..spins import energy_transformer as et
+from ..spins.energy_transformer import HopfieldEnergy
 from ._diagnostics import Diagnostics
 from ._heads import check_heads, check_shapes
+from ._literal import check_literal
 from ._masks import combine_masks
 from ._registry import register_attention
-
-
-class HopfieldMemories(Choice):
-    """The Hopfield-network energy of the block (`hopfield=`): `ReluMemories` (`"relu"`,
-    −½ Σ relu(ξ_μ·g_B)²) or `SoftmaxMemories` (`"softmax"`, −β⁻¹ Σ_B lse_μ(β ξ_μ·g_B)); the name is
-    the energy's `kind=` in `spins.energy_transformer`."""
-
-
-@register_choice("energy_transformer.hopfield", "relu")
-@dataclasses.dataclass(frozen=True)
-class ReluMemories(HopfieldMemories):
-    """E_HN = −½ Σ_μ Σ_B relu(ξ_μ·g_B)² (the paper's main choice)."""
-
-
-@register_choice("energy_transformer.hopfield", "softmax")
-@dataclasses.dataclass(frozen=True)
-class SoftmaxMemories(HopfieldMemories):
-    """E_HN = −β_HN⁻¹ Σ_B ln Σ_μ exp(β_HN ξ_μ·g_B) (the paper's softmax variant)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +48,7 @@ class EnergyTransformerConfig:
     memories: int = option(0, "M, the Hopfield memories (0: 2 * dim)")
     hopfield: str = option("relu", "the Hopfield energy: relu (-1/2 sum relu(xi.g)^2) or "
                            "softmax (-1/beta_hn sum log sum exp)",
-                           kind="energy_transformer.hopfield")
+                           choices=typing.get_args(HopfieldEnergy))
     beta_hn: float = option(1.0, "softmax memories: inverse temperature of the Hopfield energy")
 
     def __post_init__(self):
@@ -94,8 +79,10 @@ class EnergyTransformerAttention(eqx.Module):
     - `steps`, `alpha`: the descent's number of steps and step size.
     - `head_dim`: Y, the query/key width per head (0: D/H).
     - `memories`: M, the number of Hopfield memories (0: 2·D).
-    - `hopfield`: `ReluMemories()` / `SoftmaxMemories()` or the name; `beta_hn` the softmax
-      variant's inverse temperature.
+    - `hopfield`: the Hopfield-network energy of the memories, `"relu"`
+      (−½ Σ_μ Σ_B relu(ξ_μ·g_B)², the paper's main choice) or `"softmax"`
+      (−β_HN⁻¹ Σ_B ln Σ_μ exp(β_HN ξ_μ·g_B)); `beta_hn` the softmax variant's inverse
+      temperature β_HN.
     - `key`: PRNG key.
 
     The attention energy's inverse temperature is the paper's β = 1/√Y.
@@ -112,7 +99,7 @@ class EnergyTransformerAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
     steps: int = eqx.field(static=True)
-    hopfield: HopfieldMemories = eqx.field(static=True)
+    hopfield: HopfieldEnergy = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
@@ -120,7 +107,7 @@ class EnergyTransformerAttention(eqx.Module):
         alpha: float = _DEFAULTS.alpha,
         head_dim: int = _DEFAULTS.head_dim,
         memories: int = _DEFAULTS.memories,
-        hopfield: Union[HopfieldMemories, str] = _DEFAULTS.hopfield,
+        hopfield: HopfieldEnergy = _DEFAULTS.hopfield,
         beta_hn: float = _DEFAULTS.beta_hn,
         key: PRNGKeyArray,
     ):
@@ -145,8 +132,8 @@ class EnergyTransformerAttention(eqx.Module):
         self.log_gamma = jnp.zeros(())
         self.delta = jnp.zeros((dim,))
         self.alpha, self.beta_hn, self.steps = alpha, beta_hn, steps
-        self.hopfield = choice("energy_transformer.hopfield", hopfield,
-                               where="EnergyTransformerAttention: hopfield")
+        self.hopfield = check_literal("EnergyTransformerAttention", "hopfield", hopfield,
+                                      HopfieldEnergy)
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
 
     def params(self) -> et.Params:
@@ -172,7 +159,7 @@ class EnergyTransformerAttention(eqx.Module):
         check_shapes("EnergyTransformerAttention", x, x, self.dim)
         allowed = combine_masks(x.shape[0], x.shape[0], False, mask)
         p = self.params()
-        run = et.descent(x, p, steps=self.steps, alpha=self.alpha, kind=self.hopfield.name,
+        run = et.descent(x, p, steps=self.steps, alpha=self.alpha, kind=self.hopfield,
                          mask=allowed)
         out = run.x - x
         if return_diagnostics:

@@ -6,21 +6,22 @@ Per head h and query i the state ξ starts at the query q_hi, the stored pattern
 keys k_hj the query may see, and β = `beta`/√D_h. The update ξ ← K_hᵀ softmax(β K_h ξ)
 lowers the Hopfield energy E(ξ) = −lse(β, K_h ξ) + ½|ξ|² + const; the output reads the
 values with the weights of the retrieved state, softmax(β K_h ξ*)·V_h. The dynamics
-(`mode`, an option object):
+(`mode`):
 
-- `OneStep` (`"one_step"`): no update, ξ* = q: exactly softmax attention with the same
-  projections (tested);
-- `UpdateSteps` (`"steps"`): `num_steps` updates, backpropagated;
-- `Retrieval` (`"fixed_point"`): the fixed point of the update (a stationary point of E),
-  solved for all queries of a head together with `solver` and differentiated with
-  `adjoint`, its forward steps and backward products recorded like every solved attention.
+- `"one_step"`: no update, ξ* = q: exactly softmax attention with the same projections
+  (tested);
+- `"steps"`: `num_steps` updates, backpropagated;
+- `"fixed_point"`: the fixed point of the update (a stationary point of E), solved for all
+  queries of a head together with `solver` and differentiated with `adjoint`, its forward
+  steps and backward products recorded like every solved attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Optional, Union
+import typing
+from typing import Literal, Optional
 
 import equinox as eqx
 import jax
@@ -28,12 +29,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+from .._schema import AdjointOptions, ConfigError, SolverOptions, check_options, option
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
+from ._literal import check_literal
 from ._masks import combine_masks
 from ._registry import register_attention
 
@@ -44,53 +45,11 @@ def _update(xi, args):
     return hp.update(xi, K, beta=beta, mask=allowed)
 
 
-class HopfieldMode(Choice):
-    """How far the state patterns move before the read-out (`mode=`): `OneStep`
-    (`"one_step"`), `UpdateSteps` (`"steps"`) or `Retrieval` (`"fixed_point"`)."""
-
-    #: the retrieval is solved (the solver and adjoint are used)
-    solves: ClassVar[bool] = False
-
-    def retrieve(self, attention, q, K, beta, allowed) -> tuple[Array, Stats]:
-        """The retrieved states `(n, D_h)` of one head from its queries `q (n, D_h)` and keys
-        `K (s, D_h)`, and the solver `Stats`."""
-        raise NotImplementedError
-
-
-@register_choice("hopfield.mode", "fixed_point")
-@dataclasses.dataclass(frozen=True)
-class Retrieval(HopfieldMode):
-    """The fixed point ξ* = Kᵀ softmax(β K ξ*), solved and differentiated implicitly."""
-
-    solves: ClassVar[bool] = True
-
-    def retrieve(self, attention, q, K, beta, allowed):
-        sol = _solve(_update, q, (K, beta, allowed), solver=attention.solver,
-                     adjoint=attention.adjoint, throw=attention.throw)
-        return sol.value, Stats.of(sol)
-
-
-@register_choice("hopfield.mode", "steps")
-@dataclasses.dataclass(frozen=True)
-class UpdateSteps(HopfieldMode):
-    """`num_steps` updates from the query, backpropagated (an unrolled scan)."""
-
-    def retrieve(self, attention, q, K, beta, allowed):
-        def body(xi, _):
-            return _update(xi, (K, beta, allowed)), None
-
-        xi, _ = jax.lax.scan(body, q, None, length=attention.num_steps)
-        none = Stats.none((), q.dtype)
-        return xi, Stats(none.num_steps + attention.num_steps, none.residual, none.result)
-
-
-@register_choice("hopfield.mode", "one_step")
-@dataclasses.dataclass(frozen=True)
-class OneStep(HopfieldMode):
-    """No update: the query is the state, and the layer is softmax attention."""
-
-    def retrieve(self, attention, q, K, beta, allowed):
-        return q, Stats.none((), q.dtype)
+#: How far the state patterns move before the read-out (`mode=`): `"fixed_point"` (the
+#: fixed point ξ* = Kᵀ softmax(β K ξ*), solved and differentiated with the solver and
+#: adjoint), `"steps"` (`num_steps` updates from the query, backpropagated: an unrolled scan)
+#: or `"one_step"` (no update: the query is the state, and the layer is softmax attention).
+HopfieldMode = Literal["fixed_point", "steps", "one_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +60,7 @@ class HopfieldConfig:
                          "softmax attention; larger: retrieval of single keys)")
     mode: str = option("fixed_point", "fixed_point: retrieve to the update's fixed point; "
                        "steps: num_steps updates; one_step: no update (softmax attention)",
-                       kind="hopfield.mode")
+                       choices=typing.get_args(HopfieldMode))
     num_steps: int = option(1, "steps mode: updates of each query's state")
     solver: SolverOptions = option(
         SolverOptions(name="picard", tol=1e-3, max_steps=100),
@@ -135,8 +94,8 @@ class HopfieldAttention(eqx.Module):
       only from keys j ≤ i (each query's retrieval sees its visible keys only, so the layer
       stays causal).
     - `beta`: β·√D_h, the inverse temperature in units of softmax attention's 1/√D_h.
-    - `mode`: `Retrieval()` (`"fixed_point"`), `UpdateSteps()` (`"steps"`) or `OneStep()`
-      (`"one_step"`), or the name; see the module docstring.
+    - `mode`: `"fixed_point"`, `"steps"` or `"one_step"`: how far each query's state moves
+      before the read-out (see the module docstring).
     - `num_steps`: updates in `"steps"` mode.
     - `solver`, `adjoint`, `throw`: the retrieval's solve (default `Picard(tol=1e-3,
       max_steps=100)` and `Phantom()`); `throw=False` (the default) reports a failed
@@ -168,7 +127,7 @@ class HopfieldAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         beta: float = _DEFAULTS.beta,
-        mode: Union[HopfieldMode, str] = _DEFAULTS.mode,
+        mode: HopfieldMode = _DEFAULTS.mode,
         num_steps: int = _DEFAULTS.num_steps,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
@@ -185,9 +144,26 @@ class HopfieldAttention(eqx.Module):
             dim, use_bias, *jax.random.split(key, 4))
         self.beta, self.solver, self.throw = beta, solver, throw
         self.adjoint = solvers.record_backward(adjoint)
-        self.mode = choice("hopfield.mode", mode, where="HopfieldAttention: mode")
+        self.mode = check_literal("HopfieldAttention", "mode", mode, HopfieldMode)
         self.num_steps = num_steps
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
+
+    def _retrieve(self, q: Float[Array, "n dh"], K: Float[Array, "s dh"], beta: Array,
+                  allowed: Optional[Bool[Array, "n s"]]) -> tuple[Array, Stats]:
+        """The retrieved states `(n, D_h)` of one head from its queries `q (n, D_h)` and keys
+        `K (s, D_h)` as `mode` says, and the solver `Stats`."""
+        if self.mode == "fixed_point":
+            sol = _solve(_update, q, (K, beta, allowed), solver=self.solver,
+                         adjoint=self.adjoint, throw=self.throw)
+            return sol.value, Stats.of(sol)
+        if self.mode == "steps":
+            def body(xi, _):
+                return _update(xi, (K, beta, allowed)), None
+
+            xi, _ = jax.lax.scan(body, q, None, length=self.num_steps)
+            none = Stats.none((), q.dtype)
+            return xi, Stats(none.num_steps + self.num_steps, none.residual, none.result)
+        return q, Stats.none((), q.dtype)
 
     @property
     def head_beta(self) -> float:
@@ -213,7 +189,7 @@ class HopfieldAttention(eqx.Module):
         v = project_heads(self.to_v, ctx, self.num_heads)
         allowed = combine_masks(x.shape[0], ctx.shape[0], self.causal and context is None, mask)
         beta = jnp.asarray(self.head_beta, q.dtype)
-        xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, allowed))(
+        xi, stats = jax.vmap(lambda qq, kk: self._retrieve(qq, kk, beta, allowed))(
             q, k)
         weights = jax.vmap(lambda s, kk: hp.weights(s, kk, beta=beta, mask=allowed))(xi, k)
         out = jax.vmap(self.to_out)(mix_values(weights, v))
@@ -247,7 +223,7 @@ class HopfieldAttention(eqx.Module):
         v = cache["v"].at[:, pos].set(self.to_v(x).reshape(H, -1))
         visible = (jnp.arange(k.shape[1]) <= pos)[None]
         beta = jnp.asarray(self.head_beta, q.dtype)
-        xi, stats = jax.vmap(lambda qq, kk: self.mode.retrieve(self, qq, kk, beta, visible))(
+        xi, stats = jax.vmap(lambda qq, kk: self._retrieve(qq, kk, beta, visible))(
             q, k)
         w = jax.vmap(lambda s, kk: hp.weights(s, kk, beta=beta, mask=visible))(xi, k)[:, 0]
         y = self.to_out(jnp.einsum("hs,hsk->hk", w, v).reshape(-1))

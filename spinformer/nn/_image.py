@@ -10,16 +10,15 @@ all examples (the post's "learnable input injection"); the model reads its outpu
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._schema import Choice, choice, register_choice
 from ._block import Block
+from ._literal import check_literal
 from ._registry import get_attention
 
 
@@ -72,44 +71,29 @@ class PatchEmbed(eqx.Module):
         return jax.vmap(self.proj)(patches)
 
 
-class ImageEmbedding(Choice):
-    """How an `ImageClassifier` turns an image into sites (`embed`): `ConvEmbedding`
-    (`"conv"`) or `PatchEmbedding` (`"patch"`)."""
-
-    def build(self, image_shape: tuple[int, int], dim: int, *, patch: int,
-              conv_channels: int, key: PRNGKeyArray) -> tuple[eqx.Module, int]:
-        """The embedding module for images of `image_shape` and the number of sites it
-        makes (`patch`, `conv_channels`: the options of the patch and conv embeddings)."""
-        raise NotImplementedError
+#: How an image becomes sites (`embed=`): `"conv"` (`ConvEmbed`, the Deep Implicit Attention
+#: post's two conv+pool stages; images of at least 16×16) or `"patch"` (`PatchEmbed`, a
+#: linear embedding of `patch × patch` patches).
+ImageEmbed = Literal["conv", "patch"]
 
 
-@register_choice("image.embed", "conv")
-@dataclasses.dataclass(frozen=True)
-class ConvEmbedding(ImageEmbedding):
-    """`ConvEmbed`: the Deep Implicit Attention post's two conv+pool stages (images of at
-    least 16×16)."""
-
-    def build(self, image_shape, dim, *, patch, conv_channels, key):
-        H, W = image_shape
+def _embedding(embed: ImageEmbed, image_shape: tuple[int, int], dim: int, *, patch: int,
+               conv_channels: int, key: PRNGKeyArray) -> tuple[eqx.Module, int]:
+    """The embedding module `embed` names for images of `image_shape` and the number of
+    sites it makes (`patch`, `conv_channels`: the options of the patch and conv
+    embeddings)."""
+    H, W = image_shape
+    if embed == "conv":
         if conv_grid(H) < 1 or conv_grid(W) < 1:
             raise ValueError(
                 f"ImageClassifier: embed='conv' shrinks a {H}×{W} image to nothing (two "
                 "3×3 convolutions and 3×3/2 poolings need at least 16×16 pixels); use "
                 "embed='patch'.")
         return ConvEmbed(conv_channels, dim, key=key), conv_grid(H) * conv_grid(W)
-
-
-@register_choice("image.embed", "patch")
-@dataclasses.dataclass(frozen=True)
-class PatchEmbedding(ImageEmbedding):
-    """`PatchEmbed`: a linear embedding of `patch × patch` patches."""
-
-    def build(self, image_shape, dim, *, patch, conv_channels, key):
-        H, W = image_shape
-        if patch < 1 or H % patch or W % patch:
-            raise ValueError(f"ImageClassifier: patch={patch} must divide the image "
-                             f"sides {H}×{W}.")
-        return PatchEmbed(patch, dim, key=key), (H // patch) * (W // patch)
+    if patch < 1 or H % patch or W % patch:
+        raise ValueError(f"ImageClassifier: patch={patch} must divide the image "
+                         f"sides {H}×{W}.")
+    return PatchEmbed(patch, dim, key=key), (H // patch) * (W // patch)
 
 
 class BareLayer(eqx.Module):
@@ -132,9 +116,9 @@ class ImageClassifier(eqx.Module):
     - `dim`: model width D; `depth`: number of attention layers; `num_heads`: heads.
     - `attention`: a registered attention name or class (as `Transformer`);
       `attention_kwargs`: its constructor arguments.
-    - `embed`: an `ImageEmbedding` or its name: `ConvEmbedding()` (`"conv"`, the Deep
-      Implicit Attention post's two conv+pool stages; needs images of at least 16×16) or
-      `PatchEmbedding()` (`"patch"`, linear patch embedding, `patch × patch` patches).
+    - `embed`: `"conv"` (the Deep Implicit Attention post's two conv+pool stages; needs
+      images of at least 16×16) or `"patch"` (linear patch embedding, `patch × patch`
+      patches).
     - `conv_channels`: channels of the convolutional embedding.
     - `residual`: True wraps each attention in a pre-norm residual `Block` (with an FFN of
       width `ffn_hidden`, 0 for none) and ends with a LayerNorm; False applies the attentions
@@ -166,7 +150,7 @@ class ImageClassifier(eqx.Module):
         attention: Union[str, Callable[..., eqx.Module]] = "softmax",
         attention_kwargs: Optional[dict[str, Any]] = None,
         *,
-        embed: Union[str, ImageEmbedding] = ConvEmbedding(),
+        embed: ImageEmbed = "conv",
         patch: int = 4,
         conv_channels: int = 32,
         residual: bool = True,
@@ -178,10 +162,10 @@ class ImageClassifier(eqx.Module):
         H, W = image_shape
         if depth < 1:
             raise ValueError(f"ImageClassifier: depth={depth} must be >= 1.")
-        embed = choice("image.embed", embed, where="ImageClassifier: embed")
+        embed = check_literal("ImageClassifier", "embed", embed, ImageEmbed)
         ke, kc, kp, kl, kh = jax.random.split(key, 5)
-        self.embed, num_sites = embed.build((H, W), dim, patch=patch,
-                                            conv_channels=conv_channels, key=ke)
+        self.embed, num_sites = _embedding(embed, (H, W), dim, patch=patch,
+                                           conv_channels=conv_channels, key=ke)
         n = num_sites + 1
         self.cls_token = jax.random.normal(kc, (dim,)) / jnp.sqrt(dim)
         self.pos_embed = 0.02 * jax.random.normal(kp, (n, dim)) if positions else None
@@ -288,8 +272,8 @@ class ImageReconstructor(eqx.Module):
         if depth < 1:
             raise ValueError(f"ImageReconstructor: depth={depth} must be >= 1.")
         ke, kp, kl, ku = jax.random.split(key, 4)
-        self.embed, n = PatchEmbedding().build(tuple(image_shape), dim, patch=patch,
-                                               conv_channels=0, key=ke)
+        self.embed, n = _embedding("patch", tuple(image_shape), dim, patch=patch,
+                                   conv_channels=0, key=ke)
         self.pos_embed = 0.02 * jax.random.normal(kp, (n, dim)) if positions else None
         self.layers = _layers(attention, attention_kwargs, dim, num_heads, n, depth,
                               residual=residual, ffn_hidden=ffn_hidden, dropout=dropout, key=kl)

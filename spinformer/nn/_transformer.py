@@ -3,16 +3,15 @@ the sequence models on top of them (language model, tagger, classifier)."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, ClassVar, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from .._schema import Choice, choice, register_choice
 from ._block import Block
+from ._literal import check_literal
 from ._registry import get_attention
 
 
@@ -192,46 +191,10 @@ def _unroll_call(model: Transformer, tokens, **kwargs):
     return jax.vmap(model.norm)(x)
 
 
-class SequencePool(Choice):
-    """What a `SequenceModel` reads out (`pool`): per-position outputs (`NoPool`, `"none"`)
-    or one output from the mean of the final hidden states (`MeanPool`, `"mean"`)."""
-
-    #: the outputs are per position (what decoding needs)
-    per_position: ClassVar[bool] = True
-
-    def logits(self, readout: eqx.nn.Linear, h: Float[Array, "n d"]) -> Array:
-        """The readout of the final hidden states `h (n, D)`."""
-        raise NotImplementedError
-
-    def layer_logits(self, readout: eqx.nn.Linear, h: Float[Array, "depth n d"]) -> Array:
-        """The readout of every layer's (normalised) hidden states `h (depth, n, D)`."""
-        raise NotImplementedError
-
-
-@register_choice("sequence.pool", "none")
-@dataclasses.dataclass(frozen=True)
-class NoPool(SequencePool):
-    """Per-position logits `(n, num_outputs)` (a language model, a tagger)."""
-
-    def logits(self, readout, h):
-        return jax.vmap(readout)(h)
-
-    def layer_logits(self, readout, h):
-        return jax.vmap(jax.vmap(readout))(h)
-
-
-@register_choice("sequence.pool", "mean")
-@dataclasses.dataclass(frozen=True)
-class MeanPool(SequencePool):
-    """One output `(num_outputs,)` from the mean of the hidden states (a classifier)."""
-
-    per_position: ClassVar[bool] = False
-
-    def logits(self, readout, h):
-        return readout(jnp.mean(h, axis=0))
-
-    def layer_logits(self, readout, h):
-        return jax.vmap(readout)(jnp.mean(h, axis=1))
+#: What a `SequenceModel` reads out (`pool=`): per-position outputs (`"none"`: logits
+#: `(n, num_outputs)`, what decoding needs) or one output from the mean of the final hidden
+#: states (`"mean"`: logits `(num_outputs,)`, a classifier).
+SequencePool = Literal["none", "mean"]
 
 
 class SequenceModel(eqx.Module):
@@ -243,8 +206,8 @@ class SequenceModel(eqx.Module):
 
     - `transformer`: the `Transformer` (width D).
     - `num_outputs`: size of the readout (classes, or the vocabulary of a language model).
-    - `pool`: a `SequencePool` or its name: `NoPool()` (`"none"`, logits
-      `(n, num_outputs)`) or `MeanPool()` (`"mean"`, logits `(num_outputs,)`).
+    - `pool`: `"none"` (per-position logits `(n, num_outputs)`) or `"mean"` (logits
+      `(num_outputs,)` of the mean of the final hidden states `(n, D)`).
     - `key`: PRNG key for the readout.
 
     `CausalLM`, `Tagger` and `Classifier` build the three usual cases.
@@ -255,8 +218,8 @@ class SequenceModel(eqx.Module):
     pool: SequencePool = eqx.field(static=True)
 
     def __init__(self, transformer: Transformer, num_outputs: int,
-                 pool: Union[str, SequencePool] = NoPool(), *, key: PRNGKeyArray):
-        pool = choice("sequence.pool", pool, where="SequenceModel: pool")
+                 pool: SequencePool = "none", *, key: PRNGKeyArray):
+        pool = check_literal("SequenceModel", "pool", pool, SequencePool)
         self.transformer = transformer
         self.readout = eqx.nn.Linear(transformer.pos_embed.shape[1], num_outputs, key=key)
         self.pool = pool
@@ -275,7 +238,10 @@ class SequenceModel(eqx.Module):
         out = self.transformer(tokens, context=context, mask=mask, state=state, key=key,
                                return_diagnostics=return_diagnostics)
         h, diag = out if return_diagnostics else (out, None)
-        logits = self.pool.logits(self.readout, h)
+        if self.pool == "mean":
+            logits = self.readout(jnp.mean(h, axis=0))
+        else:
+            logits = jax.vmap(self.readout)(h)
         return (logits, diag) if return_diagnostics else logits
 
     def layer_logits(self, hidden: Float[Array, "depth n d"]) -> Float[Array, "depth n c"]:
@@ -284,7 +250,9 @@ class SequenceModel(eqx.Module):
         layer, `(depth, n, num_outputs)` (`pool="none"`) or `(depth, num_outputs)`
         (`pool="mean"`). The last layer's equals the logits of `__call__`."""
         norm = jax.vmap(jax.vmap(self.transformer.norm))(hidden)
-        return self.pool.layer_logits(self.readout, norm)
+        if self.pool == "mean":
+            return jax.vmap(self.readout)(jnp.mean(norm, axis=1))
+        return jax.vmap(jax.vmap(self.readout))(norm)
 
 
 def _with_readout(num_outputs, pool, key, vocab_size, dim, depth, num_heads, max_len,
@@ -310,7 +278,7 @@ def CausalLM(vocab_size: int, dim: int, depth: int, num_heads: int = 1, max_len:
 
     **Returns:** a `SequenceModel`.
     """
-    return _with_readout(vocab_size, NoPool(), key, vocab_size, dim, depth, num_heads, max_len,
+    return _with_readout(vocab_size, "none", key, vocab_size, dim, depth, num_heads, max_len,
                          attention, attention_kwargs, True, ffn_hidden, dropout, detach_layers)
 
 
@@ -325,7 +293,7 @@ def Tagger(vocab_size: int, num_classes: int, dim: int, depth: int, num_heads: i
 
     **Returns:** a `SequenceModel`.
     """
-    return _with_readout(num_classes, NoPool(), key, vocab_size, dim, depth, num_heads, max_len,
+    return _with_readout(num_classes, "none", key, vocab_size, dim, depth, num_heads, max_len,
                          attention, attention_kwargs, causal, ffn_hidden, dropout, detach_layers)
 
 
@@ -340,5 +308,5 @@ def Classifier(vocab_size: int, num_classes: int, dim: int, depth: int, num_head
 
     **Returns:** a `SequenceModel`.
     """
-    return _with_readout(num_classes, MeanPool(), key, vocab_size, dim, depth, num_heads, max_len,
+    return _with_readout(num_classes, "mean", key, vocab_size, dim, depth, num_heads, max_len,
                          attention, attention_kwargs, causal, ffn_hidden, dropout, detach_layers)

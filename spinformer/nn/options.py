@@ -18,28 +18,20 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
 - `implicit.couplings`: `ExplicitSiteCouplings`, `SoftmaxCouplings`; `implicit.onsager`:
   `MLPOnsager`, `AdaptiveTAPOnsager`, `NaiveOnsager`.
 - `free_energy.couplings`: `ExplicitSpinCouplings`, `InputCouplings`.
-- `attractor.constraint`: `GlobalNorm`, `BlockNorm`; `attractor.objective`:
-  `EnergyObjective`, `PseudoLikelihoodObjective`.
-- `hopfield.mode`: `Retrieval` (`fixed_point`), `UpdateSteps` (`steps`), `OneStep`
-  (`one_step`); `energy_transformer.hopfield`: `ReluMemories`, `SoftmaxMemories`.
-- `sequence.pool`: `NoPool`, `MeanPool`; `pair.pool`: `PairMeanPool`, `PairClsPool`,
-  `PairNGTPool`; `image.embed`: `ConvEmbedding`, `PatchEmbedding`.
+- `attractor.objective`: `EnergyObjective`, `PseudoLikelihoodObjective`.
+- `pair.pool`: `PairMeanPool`, `PairClsPool`, `PairNGTPool`.
 
 `choice(kind, value)` resolves a name; `choice_names(kind)` lists a kind's names;
 `register_choice(kind, name)` adds one.
 """
 
 from .._schema import Choice, choice, choice_names, register_choice
-from ._attractor import (AttractorConstraint, AttractorObjective, BlockNorm, EnergyObjective,
-                         GlobalNorm, PseudoLikelihoodObjective)
+from ._attractor import AttractorObjective, EnergyObjective, PseudoLikelihoodObjective
 from ._boltzmann import (DQA, BoltzmannInference, BoltzmannMode, BoltzmannSampler, EnergyH,
                          EnergyHJ, EnergyHJK, EnergyHK, EnergyJ, EnergyJK, EnergyK,
                          ExactInference, Gibbs, MeanFieldInference, ParallelTempering,
                          SoftmaxBaseline, TAPInference)
-from ._energy_transformer import HopfieldMemories, ReluMemories, SoftmaxMemories
 from ._free_energy import ExplicitSpinCouplings, FreeEnergyCouplings, InputCouplings
-from ._hopfield import HopfieldMode, OneStep, Retrieval, UpdateSteps
-from ._image import ConvEmbedding, ImageEmbedding, PatchEmbedding
 from ._implicit import (AdaptiveTAPOnsager, ExplicitSiteCouplings, ImplicitCouplings,
                         MLPOnsager, NaiveOnsager, OnsagerTerm, SoftmaxCouplings)
 from ._neurogame import (BanzhafGate, ExactValues, GameEstimator, GameValueFn, IdentityNorm,
@@ -51,21 +43,17 @@ from ._pair import PairClsPool, PairMeanPool, PairNGTPool, PairPool
 from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Response,
                     SpinInit, SpinMode, SpinOutput, SpinUpdate, SteadyState, TAPUpdate,
                     TimeSteps)
-from ._transformer import MeanPool, NoPool, SequencePool
 
 # written out (not computed) so that documentation tools read it without importing
 __all__ = [
     "AdaptiveTAPOnsager",
-    "AttractorConstraint",
     "AttractorObjective",
     "BanzhafGate",
-    "BlockNorm",
     "BoltzmannInference",
     "BoltzmannMode",
     "BoltzmannSampler",
     "Carried",
     "Choice",
-    "ConvEmbedding",
     "DQA",
     "EnergyH",
     "EnergyHJ",
@@ -83,11 +71,7 @@ __all__ = [
     "GameEstimator",
     "GameValueFn",
     "Gibbs",
-    "GlobalNorm",
-    "HopfieldMemories",
-    "HopfieldMode",
     "IdentityNorm",
-    "ImageEmbedding",
     "ImplicitCouplings",
     "InputCouplings",
     "Learned",
@@ -96,16 +80,13 @@ __all__ = [
     "Magnetization",
     "MeanFieldInference",
     "MeanFieldUpdate",
-    "MeanPool",
     "MonteCarloValues",
     "NaiveOnsager",
     "NeuroGameGate",
     "NeuroGameMode",
     "NoNormalization",
-    "NoPool",
     "NormalizeByPlayers",
     "NormalizeBySum",
-    "OneStep",
     "OnsagerTerm",
     "OutputNormalization",
     "PairClsPool",
@@ -114,20 +95,15 @@ __all__ = [
     "PairPool",
     "PaperValues",
     "ParallelTempering",
-    "PatchEmbedding",
     "PooledGame",
     "PseudoLikelihoodObjective",
     "QueryGames",
-    "ReluMemories",
     "ReluNorm",
     "Reset",
     "Response",
-    "Retrieval",
-    "SequencePool",
     "ShapleyGate",
     "SoftmaxBaseline",
     "SoftmaxCouplings",
-    "SoftmaxMemories",
     "SpinInit",
     "SpinMode",
     "SpinOutput",
@@ -137,7 +113,6 @@ __all__ = [
     "TAPUpdate",
     "TanhNorm",
     "TimeSteps",
-    "UpdateSteps",
     "choice",
     "choice_names",
     "register_choice",

@@ -46,7 +46,8 @@ keys, and ∂E_HN/∂g = −relu(g ξᵀ) ξ (softmax variant: −softmax_μ(β_
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import typing
+from typing import Literal, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -54,11 +55,14 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ._common import Scalar, as_float, check_int
 
-__all__ = ["Descent", "Params", "attention_energy", "attention_weights", "descent", "energy",
-           "energy_grad", "hopfield_energy", "layer_norm", "layer_norm_lagrangian",
-           "stationarity"]
+__all__ = ["Descent", "HopfieldEnergy", "Params", "attention_energy", "attention_weights",
+           "descent", "energy", "energy_grad", "hopfield_energy", "layer_norm",
+           "layer_norm_lagrangian", "stationarity"]
 
-KINDS = ("relu", "softmax")
+#: The Hopfield-network energy (`kind=`): `"relu"`, −½ Σ_μ Σ_B relu(ξ_μ·g_B)² (the paper's
+#: main choice), or `"softmax"`, −β_HN⁻¹ Σ_B ln Σ_μ exp(β_HN ξ_μ·g_B) (its softmax variant).
+HopfieldEnergy = Literal["relu", "softmax"]
+KINDS = typing.get_args(HopfieldEnergy)
 Tokens = Float[ArrayLike, "N D"]
 
 
@@ -148,8 +152,8 @@ def _softmax_rows(S, sees):
     return jnp.where(sees[:, None] & jnp.isfinite(S), A, 0.0)
 
 
-def hopfield_energy(g: Tokens, xi, *, kind: str = "relu", beta_hn: Scalar = 1.0
-                    ) -> Float[Array, ""]:
+def hopfield_energy(g: Tokens, xi, *, kind: HopfieldEnergy = "relu",
+                    beta_hn: Scalar = 1.0) -> Float[Array, ""]:
     """E_HN over `g (N, D)` with memories `xi (M, D)`: −½ Σ relu(g ξᵀ)² (`"relu"`) or
     −β_HN⁻¹ Σ_B ln Σ_μ exp(β_HN ξ_μ·g_B) (`"softmax"`)."""
     _check_tokens("hopfield_energy", g)
@@ -162,14 +166,14 @@ def hopfield_energy(g: Tokens, xi, *, kind: str = "relu", beta_hn: Scalar = 1.0
     return -jnp.sum(jax.nn.logsumexp(beta_hn * P, axis=-1)) / beta_hn
 
 
-def energy(g: Tokens, params: Params, *, kind: str = "relu",
+def energy(g: Tokens, params: Params, *, kind: HopfieldEnergy = "relu",
            mask: Optional[Bool[ArrayLike, "N N"]] = None) -> Float[Array, ""]:
     """E = E_ATT + E_HN of the normalised tokens `g (N, D)`."""
     return (attention_energy(g, params.Wq, params.Wk, beta=params.beta, mask=mask)
             + hopfield_energy(g, params.xi, kind=kind, beta_hn=params.beta_hn))
 
 
-def energy_grad(g: Tokens, params: Params, *, kind: str = "relu",
+def energy_grad(g: Tokens, params: Params, *, kind: HopfieldEnergy = "relu",
                 mask: Optional[Bool[ArrayLike, "N N"]] = None) -> Float[Array, "N D"]:
     """∂E/∂g `(N, D)` in closed form (see the module docstring)."""
     _check_tokens("energy_grad", g)
@@ -187,7 +191,7 @@ def energy_grad(g: Tokens, params: Params, *, kind: str = "relu",
     return grad - jax.nn.softmax(params.beta_hn * P, axis=-1) @ xi
 
 
-def stationarity(x: Tokens, params: Params, *, kind: str = "relu",
+def stationarity(x: Tokens, params: Params, *, kind: HopfieldEnergy = "relu",
                  mask: Optional[Bool[ArrayLike, "N N"]] = None) -> Float[Array, " N"]:
     """‖P_A ∂E/∂g_A‖ per token `(N,)`: the part of the energy's gradient that moves g = LN(x),
     with P_A the projection off the all-ones direction and the centred token x_A − mean(x_A)
@@ -211,7 +215,8 @@ class Descent(NamedTuple):
     energies: Float[Array, " T"]
 
 
-def descent(x0: Tokens, params: Params, *, steps: int, alpha: Scalar, kind: str = "relu",
+def descent(x0: Tokens, params: Params, *, steps: int, alpha: Scalar,
+            kind: HopfieldEnergy = "relu",
             mask: Optional[Bool[ArrayLike, "N N"]] = None) -> Descent:
     """`steps` steps x ← x − α ∂E/∂g(LN(x)) from `x0 (N, D)` (an unrolled `lax.scan`: its
     gradient is backpropagation through every step), with the energy of LN(x) recorded."""

@@ -133,12 +133,11 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                 tuple(dataset.image_shape), dataset.num_classes, dim=m.dim, depth=m.depth,
                 num_heads=m.num_heads, attention=reg.cls,
                 attention_kwargs=reg.kwargs_from(section),
-                embed=choice("image.embed", m.embed, where="model.embed"), patch=m.patch,
+                embed=m.embed, patch=m.patch,
                 conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
                 positions=m.positions, dropout=m.dropout, key=k)
         if dataset.kind == "reconstruction":
-            if not isinstance(choice("image.embed", m.embed, where="model.embed"),
-                              _nn._image.PatchEmbedding):
+            if m.embed != "patch":
                 raise ValueError("reconstruction maps each patch back to its pixels: use "
                                  "model.embed=patch (with model.patch dividing the image)")
             return _nn.ImageReconstructor(
