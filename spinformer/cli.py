@@ -101,16 +101,16 @@ class _SignalEcho:
     128 + signal; checkpoints are written atomically, so those on disk are intact). The
     Python-level handling (a checkpoint after the step in flight) is unchanged.
 
-    A repeat of the same signal within `SAME_REQUEST_S` of the first is the same request
-    delivered twice, not a second one: coreutils `timeout` (and any process-group kill after
-    a direct one) sends SIGTERM to the process and then to its whole group."""
-
-    SAME_REQUEST_S = 0.25
+    A repeat of the same signal within `StopSignals.SAME_REQUEST_S` of the first is the same
+    request delivered twice (coreutils `timeout` signals the process, then its group)."""
 
     def __enter__(self):
         import os
         import threading
 
+        from .train import StopSignals
+
+        self.same_request_s = StopSignals.SAME_REQUEST_S
         self.old_fd = None
         if threading.current_thread() is not threading.main_thread():
             return self
@@ -141,7 +141,7 @@ class _SignalEcho:
                 if signum not in (signal.SIGINT, signal.SIGTERM):
                     continue
                 now = time.monotonic()
-                if now - first.get(signum, -float("inf")) < self.SAME_REQUEST_S:
+                if now - first.get(signum, -float("inf")) < self.same_request_s:
                     continue
                 first.setdefault(signum, now)
                 seen += 1

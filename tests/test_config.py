@@ -4,6 +4,7 @@ import pathlib
 import pytest
 
 from spinformer import config as C
+from spinformer import nn
 
 CONFIGS = sorted((pathlib.Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -12,8 +13,8 @@ def test_defaults_and_help():
     cfg = C.load_config()
     assert cfg.train.steps == 1000 and cfg.model.spin.update == "tap"
     text = C.describe()
-    for cls in (C.Config, C.DataConfig, C.ModelConfig, C.SpinConfig, C.BoltzmannConfig,
-                C.TrainConfig):
+    for cls in (C.Config, C.DataConfig, C.ModelConfig, C.TrainConfig,
+                *(r.config for r in nn._registry.registrations() if r.config is not None)):
         for k in C.keys(cls).values():
             assert k.help, f"{cls.__name__}.{k.name} has no one-line meaning"
             assert k.name in text
@@ -60,7 +61,6 @@ def test_replace_takes_typed_values():
 def test_sections_come_from_the_registry():
     from spinformer import nn
 
-    assert C.SpinConfig is nn.SpinConfig and C.BoltzmannConfig is nn.BoltzmannConfig
     keys = C.keys(C.ModelConfig)
     assert keys["attention"].choices == nn.ATTENTIONS
     assert keys["attention"].default == nn.default_attention() == "spin"
@@ -83,9 +83,10 @@ def test_model_config_is_never_stale():
 
     @nn.register_attention("late", config=LateConfig, help="registered late")
     class Late(eqx.Module):
-        @classmethod
-        def from_config(cls, section):
-            return dict(width=section.width)
+        width: int = eqx.field(static=True)
+
+        def __init__(self, dim, num_heads=1, causal=False, *, width=3, key=None):
+            self.width = width
 
     try:
         m = ModelConfig(attention="late")

@@ -1097,7 +1097,7 @@ def _ckpt_list(d):
 def _signal_while_compiling(tmp_path, name, signals, group=False):
     """Start `spinformer run` of the quickstart (its first step compiles for seconds), send
     each of `signals` once the training loop has started (the first step compiling), 0.6 s
-    apart (repeats closer than `cli._SignalEcho.SAME_REQUEST_S` count once); with `group`,
+    apart (repeats closer than `train.StopSignals.SAME_REQUEST_S` count once); with `group`,
     each to the process and then to its process group, as coreutils `timeout` does. Return
     `(process, stderr lines with the time each arrived, time sent)`."""
     import threading
@@ -1235,3 +1235,19 @@ def test_stop_requests_reach_the_active_loop_or_wait_for_the_next():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
+
+
+def test_stop_signals_take_a_repeat_at_once_as_the_same_request(monkeypatch):
+    """The loop's handler, like the acknowledging thread: the same signal twice within
+    `SAME_REQUEST_S` (coreutils `timeout` signals the process, then its group) asks once to
+    stop after the step in flight; one after the window stops at once. (The window is set
+    wide, then closed, so that the test does not depend on timing.)"""
+    monkeypatch.setattr(train.StopSignals, "SAME_REQUEST_S", 60.0)
+    with train.StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == signal.SIGTERM
+        monkeypatch.setattr(train.StopSignals, "SAME_REQUEST_S", 0.0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5.0)  # the handler runs at the next bytecode boundary

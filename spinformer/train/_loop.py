@@ -49,14 +49,20 @@ class StopSignals:
     is active, is kept for the next one to enter, until `StopSignals.withdraw()`. A signal is
     not a reliable messenger for this: Python runs its handler in whatever code the main
     thread executes next, and a `KeyboardInterrupt` raised inside a finalizer is printed and
-    dropped."""
+    dropped.
 
+    A repeat of the same signal within `SAME_REQUEST_S` of the first is the same request
+    delivered twice, not a second one: coreutils `timeout` (and any process-group kill after
+    a direct one) sends SIGTERM to the process and then to its whole group."""
+
+    SAME_REQUEST_S = 0.25
     _lock = threading.Lock()
     _active: list = []
     _pending: Optional[int] = None
 
     def __init__(self):
         self.received: Optional[int] = None
+        self.received_at = -float("inf")
         self.old: dict = {}
 
     def __enter__(self):
@@ -70,9 +76,12 @@ class StopSignals:
         return self
 
     def _handle(self, signum, frame):
-        if self.received is not None:  # asked twice: stop now (checkpoints on disk are intact)
-            raise KeyboardInterrupt
-        self.received = signum
+        now = time.monotonic()
+        if self.received is not None:
+            if signum == self.received and now - self.received_at < self.SAME_REQUEST_S:
+                return  # the same request delivered twice
+            raise KeyboardInterrupt  # asked twice: stop now (checkpoints on disk are intact)
+        self.received, self.received_at = signum, now
 
     def __exit__(self, *exc):
         with StopSignals._lock:
