@@ -88,7 +88,7 @@ def _brute(h, J, K, vis):
 def _brute_all(attn, x, ctx, vis):
     """Fields and exact magnetizations (H, n, s) of the module's energy."""
     h = _fields(attn, x, ctx)
-    if not attn.mode.uses_h:
+    if not _boltzmann._TERMS[attn.mode][0]:  # a mode without fields
         h = np.zeros_like(h)
     J = None if attn.J is None else np.asarray(attn.J, np.float64)
     K = None if attn.K is None else np.asarray(attn.K, np.float64)
@@ -410,7 +410,7 @@ def test_config_builds_boltzmann_model():
     assert cfg.train.coupling_weight_decay == 0.25
     attn = model.transformer.blocks.attention
     assert isinstance(attn, nn.BoltzmannAttention)
-    assert str(attn.mode) == "hJK" and attn.mode == _boltzmann.EnergyHJK()
+    assert attn.mode == "hJK"
     assert attn.inference == _boltzmann.ExactInference() and attn.causal and attn.max_len == 8
     # the flat sampler keys reach the sampler the section names (structure only: nothing runs)
     reg = nn.get_attention("boltzmann")
@@ -479,9 +479,9 @@ def test_clear_errors(getkey, x64):  # x64: the same constructors as above
         _bm("xx", key=k)
     with pytest.raises(ValueError, match=r"inference='magic' is not one of \['exact'"):
         _bm(key=k, inference="magic")
-    with pytest.raises(TypeError, match=r"BoltzmannAttention: inference: EnergyH is a "
-                       r"boltzmann.mode option"):
-        _bm(key=k, inference=_boltzmann.EnergyH())
+    with pytest.raises(TypeError, match=r"BoltzmannAttention: inference: TAPUpdate is a "
+                       r"spin.update option"):
+        _bm(key=k, inference=nn.options.TAPUpdate())
     with pytest.raises(ValueError, match=r"num_samples=0 must be an int >= 1"):
         _bm(key=k, inference="gibbs", num_samples=0)
     with pytest.raises(ValueError, match=r"betas=\(1.0,\) must hold >= 2"):
@@ -513,14 +513,13 @@ def test_clear_errors(getkey, x64):  # x64: the same constructors as above
 
 
 def test_options_are_objects(getkey):
-    """`mode` and `inference` take the option objects or their names; the module holds the
-    objects, and a sampler carries its settings, which the flat keys set."""
+    """`inference` takes the option objects or their names, `mode` its word; the module holds
+    the inference object, and a sampler carries its settings, which the flat keys set."""
     k = getkey()
     build = lambda *a, **kw: eqx.filter_eval_shape(lambda: _bm(*a, key=k, **kw))  # noqa: E731
     by_name = build("hJK", inference="dqa", num_samples=8, burn_in=3, dqa_steps=20)
-    by_object = build(_boltzmann.EnergyHJK(),
-                      inference=_boltzmann.DQA(num_samples=8, steps=20))
-    assert by_name.mode == by_object.mode == _boltzmann.EnergyHJK()
+    by_object = build("hJK", inference=_boltzmann.DQA(num_samples=8, steps=20))
+    assert by_name.mode == by_object.mode == "hJK"
     assert by_name.inference == by_object.inference == _boltzmann.DQA(8, 20, 5.0, 1.0)
     assert str(by_name.inference) == "dqa" and by_name.inference.name == "dqa"
     assert build(inference=_boltzmann.Gibbs(num_samples=8), burn_in=3).inference == \
@@ -604,7 +603,7 @@ def test_default_solver_converges_where_anderson_stalled():
     from spinformer.spins import ising
 
     data = np.load(pathlib.Path(__file__).parent / "data" / "boltzmann_stall.npz")
-    default = C.BoltzmannConfig().solver.build()
+    default = nn.BoltzmannConfig().solver.build()
     old = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", False)
     try:

@@ -231,13 +231,13 @@ def test_amortised_couplings_factored_equal_the_dense_tensor(causal):
                              max_len=N,
                              key=jax.random.key(5))
     x, m = tokens(), tokens(seed=7)
-    op = a.couplings_kind.operator(a, x, None)
+    op = a.coupling_operator(x)
     assert isinstance(op, FactoredCouplings)
     np.testing.assert_allclose(op.dense(), a.coupling_blocks(x), atol=1e-7)
     X = a.fields(x)
 
     def f(model, m, factored):
-        J = model.couplings_kind.operator(model, x, None) if factored else \
+        J = model.coupling_operator(x) if factored else \
             model.coupling_blocks(x)
         return jnp.sum(jnp.sin(model.update(m, (X, J, None))))
 

@@ -133,7 +133,7 @@ def section_amortised(quick):
             def loss(lay, x):
                 def one(xx):
                     J = (lay.coupling_blocks(xx) if dense
-                         else lay.couplings_kind.operator(lay, xx, None))
+                         else lay.coupling_operator(xx))
                     X = lay.fields(xx)
                     sol = solvers.fixed_point(lay.update, X, (X, J, None), solver=lay.solver,
                                               adjoint=lay.adjoint, throw=False)

@@ -12,10 +12,9 @@ weights are α_ij = (⟨s_j⟩_i + 1)/2 (Eq. 9), normalised over the visible pos
 output is Σ_j α̃_ij v_j as in softmax attention. With causal masking query i sees positions
 j ≤ i and the couplings act only among them.
 
-Modes (the paper's ablation), `BoltzmannMode` objects or their names: `softmax`
-(`SoftmaxBaseline`, no spins), `h` (`EnergyH`, J = 0: sigmoid attention, α = σ(2h), computed
-in closed form), `hJ` (`EnergyHJ`, the proposed model), `J` (`EnergyJ`, h = 0), and the
-three-body variants `hK`, `hJK`, `JK`, `K` (`EnergyHK`, `EnergyHJK`, `EnergyJK`, `EnergyK`).
+Modes (the paper's ablation), the words of `Mode`: `softmax` (plain softmax attention, no
+spins), `h` (J = 0: sigmoid attention, α = σ(2h), computed in closed form), `hJ` (the
+proposed model), `J` (h = 0), and the three-body variants `hK`, `hJK`, `JK`, `K`.
 
 Note on `J` alone: with h = 0 and no K the energy is even under s → −s, so ⟨s_j⟩ = 0 for
 every J and the attention is exactly uniform over the visible positions — J receives zero
@@ -33,7 +32,7 @@ of samples, burn-in, ...) and whose sample means carry straight-through gradient
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union, get_args
 
 import equinox as eqx
 import jax
@@ -47,7 +46,27 @@ from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
+from ._literal import check_literal
 from ._registry import register_attention
+
+
+# ------------------------------------------------------------------------------ modes
+
+# Which energy terms Boltzmann attention has (`mode=`, config `model.boltzmann.mode`):
+# `softmax` (plain softmax attention over the fields, no spins), `hJ` (fields and pair
+# couplings J, the proposed model), `h` (fields only: sigmoid attention), `J` (pair couplings
+# only: uniform attention), and the three-body variants `hK`, `hJK`, `JK`, `K`.
+Mode = Literal["softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"]
+
+# mode -> whether it has (fields h, pair couplings J, three-body couplings K)
+_TERMS: dict[str, tuple[bool, bool, bool]] = {
+    "softmax": (True, False, False), "hJ": (True, True, False), "h": (True, False, False),
+    "J": (False, True, False), "hK": (True, False, True), "hJK": (True, True, True),
+    "JK": (False, True, True), "K": (False, False, True)}
+
+# The modes whose magnetizations have a closed form and need no inference: independent spins
+# (`softmax`, `h`: ⟨s⟩ = tanh(h)) and `J` alone (E(s) = E(−s), so ⟨s⟩ = 0 for every J).
+_CLOSED_FORM = ("softmax", "h", "J")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +74,8 @@ class BoltzmannConfig:
     """Options of Boltzmann attention (the config section `model.boltzmann`)."""
 
     mode: str = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
-                       "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), or "
-                       "the three-body variants hK, hJK, JK, K", kind="boltzmann.mode")
+                       "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), "
+                       "or the three-body variants hK, hJK, JK, K", choices=get_args(Mode))
     inference: str = option("exact", "how magnetizations are computed: exact (enumeration, "
                             "T<=24), mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
                             kind="boltzmann.inference")
@@ -108,128 +127,6 @@ def normalized_weights(m, visible=1.0):
     return alpha / jnp.where(total > 0, total, 1.0)  # a query that sees nothing: all zero
 
 
-# ------------------------------------------------------------------------------ modes
-
-
-class BoltzmannMode(Choice):
-    """Which energy terms Boltzmann attention has (`mode=`, config `model.boltzmann.mode`):
-    fields h, pair couplings J, three-body couplings K (`uses_h`, `uses_J`, `uses_K`), or
-    plain softmax attention. The mode zeroes the fields it does not use (`fields`), gives
-    the magnetizations in closed form where they need no inference (`closed_form`), and
-    turns fields into attention weights (`attend`)."""
-
-    uses_h: ClassVar[bool] = True
-    uses_J: ClassVar[bool] = False
-    uses_K: ClassVar[bool] = False
-    # the magnetizations need the module's inference (no closed form)
-    needs_inference: ClassVar[bool] = True
-
-    def fields(self, h):
-        """The fields of the energy: `h`, or zeros in a mode without fields."""
-        return h if self.uses_h else jnp.zeros_like(h)
-
-    def closed_form(self, h, visible):
-        """The magnetizations `(H, n, s)` of fields `h` over `visible` (`(n, s)` 1/0, or
-        None: all), where they have a closed form; None where inference is needed."""
-        del h, visible
-        return None
-
-    def attend(self, h, visible, magnetizations: Callable[[], tuple]):
-        """`(weights, magnetizations, stats)` from fields `h (H, n, s)` and the visible
-        positions (boolean `(n, s)`, or None: all); `magnetizations()` computes
-        `(m, stats)`. Spin modes weight by α ∝ (⟨s⟩ + 1)/2 (`normalized_weights`)."""
-        m, stats = magnetizations()
-        vis = 1.0 if visible is None else visible.astype(h.dtype)
-        return normalized_weights(m, vis), m, stats
-
-
-class _Independent(BoltzmannMode):
-    """No couplings: independent spins, ⟨s⟩ = tanh(h)."""
-
-    needs_inference: ClassVar[bool] = False
-
-    def closed_form(self, h, visible):
-        m = jnp.tanh(h)
-        return m if visible is None else m * visible
-
-
-@register_choice("boltzmann.mode", "softmax")
-@dataclasses.dataclass(frozen=True)
-class SoftmaxBaseline(_Independent):
-    """`softmax`: plain softmax attention over the fields (the ablation's baseline, no
-    spins); its diagnostics report the magnetizations 2·weights − 1."""
-
-    def attend(self, h, visible, magnetizations):
-        del magnetizations
-        weights = masked_softmax(h, visible)
-        return weights, 2.0 * weights - 1.0, None
-
-
-@register_choice("boltzmann.mode", "hJ")
-@dataclasses.dataclass(frozen=True)
-class EnergyHJ(BoltzmannMode):
-    """`hJ`: fields and learnable pair couplings J (the proposed model)."""
-
-    uses_J: ClassVar[bool] = True
-
-
-@register_choice("boltzmann.mode", "h")
-@dataclasses.dataclass(frozen=True)
-class EnergyH(_Independent):
-    """`h`: fields only (J = 0): sigmoid attention, α = σ(2h), in closed form."""
-
-
-@register_choice("boltzmann.mode", "J")
-@dataclasses.dataclass(frozen=True)
-class EnergyJ(BoltzmannMode):
-    """`J`: couplings only (h = 0). E(s) = E(−s), so ⟨s_j⟩ = 0 exactly for every J: the
-    attention is uniform over the visible positions (in closed form)."""
-
-    uses_h: ClassVar[bool] = False
-    uses_J: ClassVar[bool] = True
-    needs_inference: ClassVar[bool] = False
-
-    def closed_form(self, h, visible):
-        del visible
-        return jnp.zeros_like(h)
-
-
-@register_choice("boltzmann.mode", "hK")
-@dataclasses.dataclass(frozen=True)
-class EnergyHK(BoltzmannMode):
-    """`hK`: fields and three-body couplings K."""
-
-    uses_K: ClassVar[bool] = True
-
-
-@register_choice("boltzmann.mode", "hJK")
-@dataclasses.dataclass(frozen=True)
-class EnergyHJK(BoltzmannMode):
-    """`hJK`: fields, pair couplings J and three-body couplings K."""
-
-    uses_J: ClassVar[bool] = True
-    uses_K: ClassVar[bool] = True
-
-
-@register_choice("boltzmann.mode", "JK")
-@dataclasses.dataclass(frozen=True)
-class EnergyJK(BoltzmannMode):
-    """`JK`: pair and three-body couplings, no fields (K breaks the spin-flip symmetry)."""
-
-    uses_h: ClassVar[bool] = False
-    uses_J: ClassVar[bool] = True
-    uses_K: ClassVar[bool] = True
-
-
-@register_choice("boltzmann.mode", "K")
-@dataclasses.dataclass(frozen=True)
-class EnergyK(BoltzmannMode):
-    """`K`: three-body couplings only."""
-
-    uses_h: ClassVar[bool] = False
-    uses_K: ClassVar[bool] = True
-
-
 # -------------------------------------------------------------------------- inference
 
 
@@ -240,9 +137,9 @@ def _check_int(where: str, what: str, v: Any, lo: int) -> None:
 
 class BoltzmannInference(Choice):
     """How Boltzmann attention computes the magnetizations ⟨s_j⟩_i (`inference=`, config
-    `model.boltzmann.inference`): `query` solves one query's Ising model, `structured`
-    (exact inference only) all queries at once when every position is visible or the
-    pattern is causal. A sampler carries its settings as fields, which the module's flat
+    `model.boltzmann.inference`): `query` solves one query's Ising model from its arrays,
+    `structured` (exact inference only) all queries at once when every position is visible
+    or the pattern is causal. A sampler carries its settings as fields, which the module's flat
     keyword arguments (`num_samples=`, `burn_in=`, `betas=`, `dqa_steps=`, `dqa_time=`,
     `dqa_gamma=`) set (`configured`)."""
 
@@ -256,9 +153,9 @@ class BoltzmannInference(Choice):
                    if flat.get(k) is not None}
         return dataclasses.replace(self, **updates) if updates else self
 
-    def check(self, where: str, mode: BoltzmannMode, max_len: int) -> None:
-        """Raise `ValueError` (naming `where`) if it cannot serve `mode` up to `max_len`
-        key positions, or if its settings are invalid."""
+    def check(self, where: str, mode: Mode, max_len: int) -> None:
+        """Raise `ValueError` (naming `where`) if it cannot serve the energy terms of `mode`
+        (a `Mode` word) up to `max_len` key positions, or if its settings are invalid."""
 
     def structured(self, h, J, K, *, causal: bool):
         """The magnetizations `(H, n, s)` of all queries at once (every position visible, or
@@ -266,9 +163,11 @@ class BoltzmannInference(Choice):
         del h, J, K, causal
         return None
 
-    def query(self, attn: "BoltzmannAttention", h, J, K, key):
+    def query(self, h, J, K, key, *, solver: solvers.AbstractSolver,
+              adjoint: solvers.AbstractAdjoint, throw: bool):
         """`(m (s,), stats)` for one query: fields `h (s,)`, couplings `J (s, s)`, `K (s, s,
-        s)` or None, PRNG `key`; `attn` supplies the solver."""
+        s)` or None, PRNG `key`; `solver`, `adjoint` and `throw` serve the fixed-point
+        inferences (the others ignore them)."""
         raise NotImplementedError
 
     def no_stats(self, H: int, n: int, dtype):
@@ -284,7 +183,7 @@ class ExactInference(BoltzmannInference):
     """`exact`: enumeration of all 2^T configurations (T ≤ 24; exact gradients)."""
 
     def check(self, where, mode, max_len):
-        if mode.needs_inference and max_len > ising.MAX_BOLTZMANN_T:
+        if mode not in _CLOSED_FORM and max_len > ising.MAX_BOLTZMANN_T:
             raise ValueError(
                 f"{where}: exact inference enumerates 2^T configurations and is limited to "
                 f"max_len <= {ising.MAX_BOLTZMANN_T}, got {max_len}; use "
@@ -299,21 +198,21 @@ class ExactInference(BoltzmannInference):
             return jax.vmap(lambda hh, jj: one_head(hh, jj, None))(h, J)
         return jax.vmap(one_head)(h, J, K)
 
-    def query(self, attn, h, J, K, key):
-        del attn, key
+    def query(self, h, J, K, key, *, solver, adjoint, throw):
+        del key, solver, adjoint, throw
         return ising.exact_marginals(h, J, K=K), None
 
 
 class _FixedPoint(BoltzmannInference):
-    """A mean-field fixed point solved with the module's `solver` (implicit gradients
-    through its `adjoint`), with solver statistics."""
+    """A mean-field fixed point solved with `solver` (implicit gradients through
+    `adjoint`), with solver statistics."""
 
     def solve(self, h, J, K, **kw):
         raise NotImplementedError
 
-    def query(self, attn, h, J, K, key):
+    def query(self, h, J, K, key, *, solver, adjoint, throw):
         del key
-        sol = self.solve(h, J, K, solver=attn.solver, adjoint=attn.adjoint, throw=attn.throw)
+        sol = self.solve(h, J, K, solver=solver, adjoint=adjoint, throw=throw)
         return sol.value, Stats.of(sol)
 
     def no_stats(self, H, n, dtype):
@@ -335,10 +234,10 @@ class TAPInference(_FixedPoint):
     """`tap`: TAP (Onsager-corrected) mean field, pairwise couplings only."""
 
     def check(self, where, mode, max_len):
-        if mode.uses_K:
+        if _TERMS[mode][2]:
             raise ValueError(
                 f"{where}: TAP equations are implemented for pairwise couplings only; "
-                f"mode={mode.name!r} has three-body K. Use inference='mean_field', 'exact' or "
+                f"mode={mode!r} has three-body K. Use inference='mean_field', 'exact' or "
                 "a sampler.")
 
     def solve(self, h, J, K, **kw):
@@ -359,8 +258,8 @@ class BoltzmannSampler(BoltzmannInference):
     def check(self, where, mode, max_len):
         _check_int(where, "num_samples", self.num_samples, 1)
 
-    def query(self, attn, h, J, K, key):
-        del attn
+    def query(self, h, J, K, key, *, solver, adjoint, throw):
+        del solver, adjoint, throw
         S = self.sample(h, J, K, key)
         return samplers.straight_through_mean_field(jnp.mean(S, axis=0), h, J, K=K), None
 
@@ -437,7 +336,7 @@ class DQA(BoltzmannSampler):
     def check(self, where, mode, max_len):
         super().check(where, mode, max_len)
         _check_int(where, "dqa_steps", self.steps, 1)
-        if mode.needs_inference and max_len > samplers.MAX_DQA:
+        if mode not in _CLOSED_FORM and max_len > samplers.MAX_DQA:
             raise ValueError(
                 f"{where}: simulated DQA holds a 2^T state vector and is limited to "
                 f"max_len <= {samplers.MAX_DQA}, got {max_len}; use 'gibbs' or "
@@ -462,10 +361,11 @@ class BoltzmannAttention(eqx.Module):
     - `max_len`: the longest key sequence; J is a learnable `(H, max_len, max_len)` array
       (and K `(H, max_len, max_len, max_len)`), indexed by absolute position. Sequences
       shorter than `max_len` use the leading block.
-    - `mode`: which energy terms are present, a `BoltzmannMode` or its name:
-      `SoftmaxBaseline` (`"softmax"`: plain softmax attention), `EnergyHJ` (`"hJ"`),
-      `EnergyH` (`"h"`), `EnergyJ` (`"J"`), `EnergyHK` (`"hK"`), `EnergyHJK` (`"hJK"`),
-      `EnergyJK` (`"JK"`), `EnergyK` (`"K"`). The module holds the object.
+    - `mode`: which energy terms are present, one of the words of `Mode`: `"softmax"`
+      (plain softmax attention over the fields, no spins), `"hJ"` (fields h and pair
+      couplings J, the proposed model), `"h"` (fields only: sigmoid attention, α = σ(2h), in
+      closed form), `"J"` (couplings only: uniform attention, in closed form), and the
+      three-body variants `"hK"`, `"hJK"`, `"JK"`, `"K"`.
     - `inference`: how the magnetizations ⟨s_j⟩_i are computed, a `BoltzmannInference` or
       its name (the module holds the object):
       `ExactInference` (`"exact"`) — enumeration of all 2^T configurations (T ≤ 24; exact
@@ -490,7 +390,8 @@ class BoltzmannAttention(eqx.Module):
       burn-in 32, β = (1, 0.7, 0.5, 0.3), 200 steps, τ = 5, Γ = 1). Keys the inference does
       not use are ignored.
     - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
-      tolerance and step budget; default `Anderson(tol=1e-4, max_steps=100)`).
+      tolerance and step budget; default `Picard(tol=1e-4, max_steps=100, damping=0.2)`,
+      the config section's `solver`; `adjoint` defaults to the config section's, `Implicit()`).
       `throw=False` (the default, as in the spin, free-energy and Hopfield attentions)
       returns the solver's best iterate and reports a failed solve in the diagnostics'
       solver statistics, which the trainer counts; `throw=True` raises instead, and then a
@@ -514,14 +415,14 @@ class BoltzmannAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
     max_len: int = eqx.field(static=True)
-    mode: BoltzmannMode = eqx.field(static=True)
+    mode: Mode = eqx.field(static=True)
     inference: BoltzmannInference = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        mode: Union[str, BoltzmannMode] = _DEFAULTS.mode,
+        mode: Mode = _DEFAULTS.mode,
         inference: Union[str, BoltzmannInference] = _DEFAULTS.inference,
         init_scale: float = _DEFAULTS.init_scale,
         num_samples: Optional[int] = None,
@@ -538,7 +439,7 @@ class BoltzmannAttention(eqx.Module):
     ):
         name = "BoltzmannAttention"
         check_heads(name, dim, num_heads)
-        mode = choice("boltzmann.mode", mode, where=f"{name}: mode")
+        mode = check_literal(name, "mode", mode, Mode)
         inference = choice("boltzmann.inference", inference, where=f"{name}: inference")
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"{name}: max_len={max_len!r} must be a positive int (the "
@@ -559,8 +460,8 @@ class BoltzmannAttention(eqx.Module):
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(dim, use_bias, kq, kk, kv, ko)
         L, H = max_len, num_heads
         self.J = (ising.symmetrize(init_scale * jax.random.normal(kj, (H, L, L)))
-                  if mode.uses_J else None)
-        self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if mode.uses_K else None
+                  if _TERMS[mode][1] else None)
+        self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if _TERMS[mode][2] else None
         # the adjoint records its backward solves (see solvers.record_backward)
         self.solver, self.throw = solver, throw
         self.adjoint = solvers.record_backward(adjoint)
@@ -581,7 +482,33 @@ class BoltzmannAttention(eqx.Module):
     def _fields_and_mask(self, x, context, mask):
         h, allowed = qk_scores("BoltzmannAttention", self.to_q, self.to_k, x, context, mask,
                                num_heads=self.num_heads, causal=self.causal)
-        return self.mode.fields(h), allowed
+        return self._energy_fields(h), allowed
+
+    def _energy_fields(self, h):
+        """The fields of the energy: `h`, or zeros in a mode without fields."""
+        return h if _TERMS[self.mode][0] else jnp.zeros_like(h)
+
+    def _attend(self, h, visible, magnetizations: Callable[[], tuple]):
+        """`(weights, magnetizations, stats)` from fields `h (H, n, s)` and the visible
+        positions (boolean `(n, s)`, or None: all); `magnetizations()` computes
+        `(m, stats)`. Spin modes weight by α ∝ (⟨s⟩ + 1)/2 (`normalized_weights`); mode
+        `softmax` is softmax attention, whose diagnostics report 2·weights − 1."""
+        if self.mode == "softmax":
+            weights = masked_softmax(h, visible)
+            return weights, 2.0 * weights - 1.0, None
+        m, stats = magnetizations()
+        vis = 1.0 if visible is None else visible.astype(h.dtype)
+        return normalized_weights(m, vis), m, stats
+
+    def _closed_form(self, h, visible):
+        """The magnetizations `(H, n, s)` of fields `h` over `visible` (`(n, s)` 1/0, or
+        None: all) in the modes that have a closed form; None where inference is needed."""
+        if self.mode == "J":
+            return jnp.zeros_like(h)
+        if self.mode in _CLOSED_FORM:  # independent spins
+            m = jnp.tanh(h)
+            return m if visible is None else m * visible
+        return None
 
     def couplings(self, s: int, dtype=jnp.float32):
         """The couplings used for `s` key positions: `J (H, s, s)` (symmetric, zero diagonal)
@@ -623,7 +550,7 @@ class BoltzmannAttention(eqx.Module):
                 return self.magnetizations(h, None, causal=self_causal, key=key)
             return self.magnetizations(h, allowed, key=key)
 
-        weights, m, stats = self.mode.attend(h, allowed, magnetizations)
+        weights, m, stats = self._attend(h, allowed, magnetizations)
         v_HxSxK = project_heads(self.to_v, x if context is None else context, self.num_heads)
         out = jax.vmap(self.to_out)(mix_values(weights, v_HxSxK))
         if return_diagnostics:
@@ -652,9 +579,9 @@ class BoltzmannAttention(eqx.Module):
         distribution, other samples)."""
         scores, visible, cache = decode_scores(self, x, cache, pos, self.causal)
         v = cache["v"].at[:, pos].set(self.to_v(x).reshape(self.num_heads, -1))
-        h = self.mode.fields(scores)[:, None]  # (H, 1, s)
-        weights, _, _ = self.mode.attend(h, visible[None],
-                                         lambda: self.magnetizations(h, visible[None]))
+        h = self._energy_fields(scores)[:, None]  # (H, 1, s)
+        weights, _, _ = self._attend(h, visible[None],
+                                     lambda: self.magnetizations(h, visible[None]))
         weights = weights[:, 0]
         out = self.to_out(jnp.einsum("hs,hsk->hk", weights, v).reshape(-1))
         return out, {**cache, "v": v}
@@ -691,7 +618,7 @@ class BoltzmannAttention(eqx.Module):
         vis = None if visible is None else visible.astype(h.dtype)
         J, K = self.couplings(s, h.dtype)
         # sigmoid attention (independent spins) and mode J (⟨s⟩ = 0 by symmetry)
-        m = self.mode.closed_form(h, vis)
+        m = self._closed_form(h, vis)
         if m is not None:
             return m, self.inference.no_stats(H, n, h.dtype)
         Jz = jnp.zeros((H, s, s), h.dtype) if J is None else J
@@ -703,7 +630,8 @@ class BoltzmannAttention(eqx.Module):
             vis = jnp.ones((n, s), h.dtype)
 
         def per_query(hq, Jq, Kq, key):
-            return self.inference.query(self, hq, Jq, Kq, key)
+            return self.inference.query(hq, Jq, Kq, key, solver=self.solver,
+                                        adjoint=self.adjoint, throw=self.throw)
 
         # per-query systems: hidden positions get no field and no couplings (free spins
         # with magnetization 0 that do not affect the visible ones)

@@ -7,9 +7,9 @@ scalar coupling matrix J (symmetric, zero diagonal): explicit parameters (the po
 initialised N(0, 1/(n D_h)) in standard deviation — the post's "N(0, 1/√(ND))" read as the
 scale 1/√N · 1/√D its text explains) or input-dependent couplings
 J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) (the post's example, symmetrised): the option
-`couplings`, `ExplicitSpinCouplings` (`"explicit"`) or `InputCouplings` (`"input"`). The
-fields are h_i = LayerNorm(x_i)/√D_h (|h_i| ≈ 1, the post's normalisation); the output is the
-unit-spin magnetizations ⟨σ_i⟩/√D_h = β⁻¹ ∂ ln Z/∂h_i of the steepest-descent (large-D)
+`couplings`, `"explicit"` or `"input"` (the words of `Couplings`). The fields are
+h_i = LayerNorm(x_i)/√D_h (|h_i| ≈ 1, the post's normalisation); the output is the unit-spin
+magnetizations ⟨σ_i⟩/√D_h = β⁻¹ ∂ ln Z/∂h_i of the steepest-descent (large-D)
 partition function, found at the saddle t* of φ(t) (`spinformer.spins.free_energy`), heads
 concatenated, then an optional output map.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Literal, Optional, get_args
 
 import equinox as eqx
 import jax
@@ -40,11 +40,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+from .._schema import (AdjointOptions, ConfigError, SolverOptions, check_options, option,
+                      register_choice)
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
+from ._literal import check_literal
 from ._masks import combine_masks
 from ._registry import register_attention
 
@@ -53,98 +54,22 @@ register_choice("solver", "saddle_newton")(fe.SaddleNewton)
 register_choice("adjoint", "saddle_implicit")(fe.SaddleImplicit)
 
 
-class FreeEnergyCouplings(Choice):
-    """Where free-energy attention's coupling matrices J come from (the option `couplings`,
-    kind `"free_energy.couplings"`): `ExplicitSpinCouplings` (`"explicit"`) or
-    `InputCouplings` (`"input"`)."""
-
-    def parameters(self, keys: Sequence[PRNGKeyArray], *, num_heads: int, head_dim: int,
-                   spins: int) -> tuple:
-        """The module's coupling parameters `(J, Q, K)`, None where unused, from the PRNG
-        keys `keys = (kj, kq, kk)`."""
-        raise NotImplementedError
-
-    def matrices(self, attn: "FreeEnergyAttention", h: Float[Array, "h n dh"]
-                 ) -> Float[Array, "h n n"]:
-        """The coupling matrices `(H, n, n)` (symmetric, zero diagonal) for the fields `h`,
-        before the mask."""
-        raise NotImplementedError
-
-    def magnetizations(self, attn: "FreeEnergyAttention", h: Float[Array, "h n dh"],
-                       mask: Optional[Bool[Array, "n n"]]) -> tuple:
-        """Every head's saddle: `(m (H, n, dh), stats, J (H, n, n))`, J the couplings the
-        diagnostics report."""
-        raise NotImplementedError
-
-
-@register_choice("free_energy.couplings", "explicit")
-@dataclasses.dataclass(frozen=True)
-class ExplicitSpinCouplings(FreeEnergyCouplings):
-    """Learned symmetric couplings J with zero diagonal (a fixed number of spins `max_len`),
-    entries initialised N(0, 1/(n D_h))."""
-
-    def parameters(self, keys, *, num_heads, head_dim, spins):
-        n = spins
-        A = jax.random.normal(keys[0], (num_heads, n, n)) / math.sqrt(n * head_dim)
-        # symmetric with the same entry scale, zero diagonal
-        return (A + jnp.swapaxes(A, 1, 2)) / math.sqrt(2) * (1 - jnp.eye(n)), None, None
-
-    def matrices(self, attn, h):
-        n = h.shape[1]
-        if n > attn.J.shape[1]:
-            raise ValueError(
-                f"FreeEnergyAttention: {n} tokens but the explicit couplings have "
-                f"{attn.J.shape[1]} spins; build the module with max_len >= {n}.")
-        J = attn.J[:, :n, :n]
-        return 0.5 * (J + jnp.swapaxes(J, 1, 2)) * (1 - jnp.eye(n, dtype=J.dtype))
-
-    def magnetizations(self, attn, h, mask):
-        J = attn.couplings(h, mask)
-        m, stats, _ = jax.vmap(lambda hh, jj: attn._one_head(hh, jj))(h, J)
-        return m, stats, J
-
-
-@register_choice("free_energy.couplings", "input")
-@dataclasses.dataclass(frozen=True)
-class InputCouplings(FreeEnergyCouplings):
-    """Couplings from the fields, J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D)
-    (`spins.free_energy.tanh_couplings`) with learned D_h × D_h maps Q, K per head; the
-    saddle's derivative runs through them."""
-
-    def parameters(self, keys, *, num_heads, head_dim, spins):
-        _, kq, kk = keys
-        Q = jax.random.normal(kq, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
-        K = jax.random.normal(kk, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
-        return None, Q, K
-
-    def matrices(self, attn, h):
-        return jax.vmap(fe.tanh_couplings)(h, attn.Q, attn.K)
-
-    def magnetizations(self, attn, h, mask):
-        J = jax.lax.stop_gradient(attn.couplings(h, mask))
-
-        def one_head(hh, Q, K):
-            def coupling_fn(x):
-                Jx = fe.tanh_couplings(x, Q, K)
-                allowed = combine_masks(x.shape[0], x.shape[0], attn.causal, mask)
-                if allowed is not None:
-                    Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
-                return Jx
-
-            return attn._one_head(hh, coupling_fn)
-
-        m, stats, _ = jax.vmap(one_head)(h, attn.Q, attn.K)
-        return m, stats, J
-
+# Where the coupling matrices J come from (`couplings=`, config `model.free_energy.couplings`):
+# `explicit`, learned symmetric J `(H, max_len, max_len)` with zero diagonal, entries
+# initialised N(0, 1/(n D_h)); `input`, J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) from the fields
+# (`spins.free_energy.tanh_couplings`) with learned D_h × D_h maps Q, K per head, the saddle's
+# derivative running through them.
+Couplings = Literal["explicit", "input"]
 
 
 @dataclasses.dataclass(frozen=True)
 class FreeEnergyConfig:
     """Options of free-energy attention (the config section `model.free_energy`)."""
 
-    couplings: str = option("explicit", "explicit: learned symmetric J with zero diagonal (needs "
-                            "a fixed number of tokens); input: J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))"
-                            "/√(nD) from the fields", kind="free_energy.couplings")
+    couplings: str = option("explicit", "explicit: learned symmetric J with zero diagonal "
+                            "(needs a fixed number of tokens); input: J(H) = "
+                            "sym(tanh(√D H Q Kᵀ Hᵀ))/√(nD) from the fields",
+                            choices=get_args(Couplings))
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     solver: SolverOptions = option(
@@ -180,9 +105,11 @@ class FreeEnergyAttention(eqx.Module):
       later tokens. Use it in non-causal models (classifiers, encoders).
     - `max_len`: the number of spins of explicit couplings (inputs may have n ≤ max_len
       tokens: the first n are used).
-    - `couplings`: a `FreeEnergyCouplings` object or its name: `ExplicitSpinCouplings()`
-      (`"explicit"`) or `InputCouplings()` (`"input"`); kept as the object in the field
-      `couplings_kind`. `beta`: inverse temperature.
+    - `couplings`: where the couplings come from, a word of `Couplings`: `"explicit"`
+      (learned symmetric J `(H, max_len, max_len)`, zero diagonal, entries initialised
+      N(0, 1/(n D_h))) or `"input"` (J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) from the fields,
+      learned `Q`, `K` of shape `(H, D_h, D_h)`); kept in the field `couplings_kind`.
+      `beta`: inverse temperature.
     - `output_proj`: a learned D × D map on the concatenated magnetizations.
     - `solver`: the saddle's root finder (default `spins.free_energy.SaddleNewton(tol=1e-5,
       max_steps=50)`); `adjoint` (default `spins.free_energy.SaddleImplicit()`, the
@@ -201,13 +128,13 @@ class FreeEnergyAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    couplings_kind: FreeEnergyCouplings = eqx.field(static=True)
+    couplings_kind: Couplings = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: FreeEnergyCouplings | str = _DEFAULTS.couplings,
+        couplings: Couplings = _DEFAULTS.couplings,
         beta: float = _DEFAULTS.beta,
         output_proj: bool = _DEFAULTS.output_proj,
         solver: solvers.AbstractRootFinder = _DEFAULTS.solver.build(root=True),
@@ -222,14 +149,20 @@ class FreeEnergyAttention(eqx.Module):
                 "are symmetric and each magnetization depends on every field through the "
                 "saddle, so later tokens would leak into earlier outputs. Use it in a "
                 "non-causal model (a classifier or encoder).")
-        couplings = choice("free_energy.couplings", couplings,
-                           where="FreeEnergyAttention: couplings")
+        couplings = check_literal("FreeEnergyAttention", "couplings", couplings, Couplings)
         if not beta > 0:
             raise ValueError(f"FreeEnergyAttention: beta={beta} must be > 0.")
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, ko = jax.random.split(key, 4)
-        self.J, self.Q, self.K = couplings.parameters((kj, kq, kk), num_heads=H,
-                                                      head_dim=dh, spins=n)
+        if couplings == "explicit":
+            A = jax.random.normal(kj, (H, n, n)) / math.sqrt(n * dh)
+            # symmetric with the same entry scale, zero diagonal
+            self.J = (A + jnp.swapaxes(A, 1, 2)) / math.sqrt(2) * (1 - jnp.eye(n))
+            self.Q = self.K = None
+        else:
+            self.J = None
+            self.Q = jax.random.normal(kq, (H, dh, dh)) / math.sqrt(dh)
+            self.K = jax.random.normal(kk, (H, dh, dh)) / math.sqrt(dh)
         self.norm = eqx.nn.LayerNorm(dim)
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.beta = float(beta)
@@ -246,7 +179,15 @@ class FreeEnergyAttention(eqx.Module):
                   mask: Optional[Bool[Array, "n n"]] = None) -> Float[Array, "h n n"]:
         """The coupling matrices J `(H, n, n)` (symmetric, zero diagonal) for fields `h`."""
         n = h.shape[1]
-        J = self.couplings_kind.matrices(self, h)
+        if self.couplings_kind == "explicit":
+            if n > self.J.shape[1]:
+                raise ValueError(
+                    f"FreeEnergyAttention: {n} tokens but the explicit couplings have "
+                    f"{self.J.shape[1]} spins; build the module with max_len >= {n}.")
+            J = self.J[:, :n, :n]
+            J = 0.5 * (J + jnp.swapaxes(J, 1, 2)) * (1 - jnp.eye(n, dtype=J.dtype))
+        else:
+            J = jax.vmap(fe.tanh_couplings)(h, self.Q, self.K)
         allowed = combine_masks(n, n, self.causal, mask)
         if allowed is not None:
             keep = (allowed & allowed.T).astype(J.dtype)  # keep J symmetric
@@ -263,6 +204,29 @@ class FreeEnergyAttention(eqx.Module):
         # a failed saddle gives zeros with no gradient (and is counted in the diagnostics)
         m = jnp.where(ok, m, jax.lax.stop_gradient(jnp.zeros_like(m)))
         return m, Stats.of(sol), sol.value
+
+    def _magnetizations(self, h, mask):
+        """Every head's saddle: `(m (H, n, dh), stats, J (H, n, n))`, J the couplings the
+        diagnostics report. With input couplings the saddle is given the couplings as a
+        function of the fields, so the derivative runs through them."""
+        if self.couplings_kind == "explicit":
+            J = self.couplings(h, mask)
+            m, stats, _ = jax.vmap(lambda hh, jj: self._one_head(hh, jj))(h, J)
+            return m, stats, J
+        J = jax.lax.stop_gradient(self.couplings(h, mask))
+
+        def one_head(hh, Q, K):
+            def coupling_fn(x):
+                Jx = fe.tanh_couplings(x, Q, K)
+                allowed = combine_masks(x.shape[0], x.shape[0], self.causal, mask)
+                if allowed is not None:
+                    Jx = Jx * (allowed & allowed.T).astype(Jx.dtype)
+                return Jx
+
+            return self._one_head(hh, coupling_fn)
+
+        m, stats, _ = jax.vmap(one_head)(h, self.Q, self.K)
+        return m, stats, J
 
     def __call__(self, x: Float[Array, "n d"], *, context: Optional[Float[Array, "s d"]] = None,
                  mask: Optional[Bool[Array, "n s"]] = None, state=None,
@@ -288,7 +252,7 @@ class FreeEnergyAttention(eqx.Module):
             raise ValueError(f"FreeEnergyAttention: x must have shape (n, {self.dim}); got "
                              f"{x.shape}. Use jax.vmap(module)(x) for a batch.")
         h = self.fields(x)
-        m, stats, J = self.couplings_kind.magnetizations(self, h, mask)
+        m, stats, J = self._magnetizations(h, mask)
         out = merge_heads(m)
         y = jax.vmap(self.out_proj)(out) if self.out_proj is not None else out
         if return_diagnostics:

@@ -18,12 +18,12 @@ with d × d coupling blocks J_ij (zero block diagonal) and a self-correction f:
   + X_i). Cost O((N d)³) per call (the post's "slow and explicit" equations);
 - `onsager="none"` (`NaiveOnsager`): naive mean field, ⟨S_i⟩ = Σ_j J_ij⟨S_j⟩ + X_i.
 
-Couplings are either explicit parameters J (`couplings="explicit"`, `ExplicitSiteCouplings`:
-one d × d block per ordered pair of sites, initialised N(0, 1/(N d²)) as in the post,
-optionally symmetric in the sites and/or the internal dimension), or amortised from the input
-as in a transformer (`couplings="softmax"`, `SoftmaxCouplings`: J_ij = softmax_j(q_i·k_j/√d) W
-with a learned d × d block W). Both options are objects (`spinformer._choices`); the
-constructor also takes their names, as the config does.
+Couplings are either explicit parameters J (`couplings="explicit"`: one d × d block per
+ordered pair of sites, initialised N(0, 1/(N d²)) as in the post, optionally symmetric in the
+sites and/or the internal dimension), or amortised from the input as in a transformer
+(`couplings="softmax"`: J_ij = softmax_j(q_i·k_j/√d) W with a learned d × d block W). The
+Onsager terms are objects (registered under `implicit.onsager`); the constructor also takes
+their names, as the config does.
 With H heads the internal dimension is cut into H blocks: the couplings are block-diagonal.
 
 The fixed point is found by Anderson acceleration (at most 40 steps, tolerance 1e-4 on the
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Literal, Optional, get_args
 
 import equinox as eqx
 import jax
@@ -54,6 +54,7 @@ from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check
                       choice, option, register_choice)
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
+from ._literal import check_literal
 from ._masks import combine_masks
 from ._registry import register_attention
 
@@ -63,29 +64,12 @@ _SPECTRAL_KEY = 20211
 
 # -- the options: how the couplings are made, and the self-correction ------------------------
 
-class ImplicitCouplings(Choice):
-    """How Deep Implicit Attention gets its couplings J_ij (the option `couplings`, kind
-    `"implicit.couplings"`): `ExplicitSiteCouplings` (`"explicit"`) or `SoftmaxCouplings`
-    (`"softmax"`)."""
-
-    def parameters(self, keys: Sequence[PRNGKeyArray], *, num_heads: int, head_dim: int,
-                   sites: int, dim: int) -> tuple:
-        """The module's coupling parameters `(J, to_q, to_k, W)`, None where unused, from the
-        four PRNG keys `keys`."""
-        raise NotImplementedError
-
-    def blocks(self, attn: "ImplicitAttention", x: Float[Array, "n d"],
-               mask: Optional[Bool[Array, "n n"]]) -> Float[Array, "h n n dh dh"]:
-        """The coupling tensor of input `x`, zero on the block diagonal, before the (causal)
-        mask is applied."""
-        raise NotImplementedError
-
-    def operator(self, attn: "ImplicitAttention", x: Float[Array, "n d"],
-                 mask: Optional[Bool[Array, "n n"]]):
-        """What the mean-field update multiplies the magnetizations by: the dense coupling
-        tensor `attn.coupling_blocks(x, mask)`, or a cheaper form of the same couplings
-        (`FactoredCouplings`)."""
-        return attn.coupling_blocks(x, mask)
+# Where the couplings J_ij come from (`couplings=`, config `model.implicit.couplings`):
+# `explicit`, learned d × d blocks per ordered pair of sites (a fixed number of sites
+# `max_len`), initialised N(0, 1/(N d²)) and symmetrised as `sym_sites`, `sym_internal` say;
+# `softmax`, amortised from the input, J_ij = softmax_j(q_i·k_j/√d) W, with learned query/key
+# maps and a learned d × d block W per head (kept factored, `FactoredCouplings`).
+Couplings = Literal["explicit", "softmax"]
 
 
 class FactoredCouplings(eqx.Module):
@@ -108,58 +92,6 @@ class FactoredCouplings(eqx.Module):
         return jnp.abs(self.A) * jnp.sqrt(jnp.sum(self.W ** 2, axis=(-2, -1)))[:, None, None]
 
 
-@register_choice("implicit.couplings", "explicit")
-@dataclasses.dataclass(frozen=True)
-class ExplicitSiteCouplings(ImplicitCouplings):
-    """Learned d × d blocks J_ij per ordered pair of sites (a fixed number of sites
-    `max_len`), initialised N(0, 1/(N d²)), symmetrised as the module's `sym_sites`,
-    `sym_internal` say."""
-
-    def parameters(self, keys, *, num_heads, head_dim, sites, dim):
-        # variance 1/(N d²) as in the post, so that Σ_j J_ij m_j stays O(|m|)
-        J = (jax.random.normal(keys[0], (num_heads, sites, sites, head_dim, head_dim))
-             / math.sqrt(sites * head_dim * head_dim))
-        return J, None, None, None
-
-    def blocks(self, attn, x, mask):
-        n = x.shape[0]
-        if n > attn.J.shape[1]:
-            raise ValueError(
-                f"ImplicitAttention: {n} tokens but the explicit couplings have "
-                f"{attn.J.shape[1]} sites; build the module with max_len >= {n}.")
-        return symmetrize_blocks(attn.J[:, :n, :n], sites=attn.sym_sites,
-                                 internal=attn.sym_internal)
-
-
-@register_choice("implicit.couplings", "softmax")
-@dataclasses.dataclass(frozen=True)
-class SoftmaxCouplings(ImplicitCouplings):
-    """Couplings amortised from the input: J_ij = softmax_j(q_i·k_j/√d) W, with learned
-    query/key maps and a learned d × d block W per head."""
-
-    def parameters(self, keys, *, num_heads, head_dim, sites, dim):
-        _, kq, kk, kw = keys
-        to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
-        to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)
-        # spectral norm of W about 1/2: the row-stochastic couplings then contract
-        W = 0.25 * jax.random.normal(kw, (num_heads, head_dim, head_dim)) / math.sqrt(head_dim)
-        return None, to_q, to_k, W
-
-    def blocks(self, attn, x, mask):
-        return self._factors(attn, x, mask).dense()
-
-    def operator(self, attn, x, mask):
-        return self._factors(attn, x, mask)
-
-    def _factors(self, attn, x, mask):
-        n = x.shape[0]
-        A = attn._softmax_weights(x, mask) * (1.0 - jnp.eye(n, dtype=x.dtype))
-        allowed = combine_masks(n, n, attn.causal, mask)
-        if allowed is not None:
-            A = A * allowed[None].astype(A.dtype)
-        return FactoredCouplings(A, attn.W)
-
-
 class OnsagerTerm(Choice):
     """The self-correction f(⟨S_i⟩) of the mean-field update (the option `onsager`, kind
     `"implicit.onsager"`): `MLPOnsager` (`"mlp"`), `AdaptiveTAPOnsager` (`"adaptive_tap"`) or
@@ -169,14 +101,18 @@ class OnsagerTerm(Choice):
         """The learned correction's network (None: nothing is learned)."""
         return None
 
-    def cavity(self, attn: "ImplicitAttention", J: Float[Array, "h n n dh dh"]
+    def cavity(self, J: "Float[Array, 'h n n dh dh'] | FactoredCouplings"
                ) -> Optional[Float[Array, "h n dh dh"]]:
-        """What the correction needs of the couplings (the cavity variances), or None."""
+        """What the correction needs of the couplings `J` (dense `(H, n, n, dh, dh)` or
+        factored): the cavity variances `(H, n, dh, dh)`, or None."""
         return None
 
-    def correct(self, attn: "ImplicitAttention", m: Float[Array, "n d"],
-                field: Float[Array, "n d"], V) -> Float[Array, "n d"]:
-        """The update F(m) from the mean field `field` = Σ_j J_ij m_j + X_i."""
+    def correct(self, m: Float[Array, "n d"], field: Float[Array, "n d"],
+                V: Optional[Float[Array, "h n dh dh"]],
+                network: Optional[eqx.nn.MLP]) -> Float[Array, "n d"]:
+        """The update F(m) from the magnetizations `m`, the mean field `field` = Σ_j J_ij m_j
+        + X_i, the cavity variances `V` (from `cavity`, or None) and the learned correction's
+        `network` (from `network`, or None); d = H·dh."""
         raise NotImplementedError
 
 
@@ -194,28 +130,28 @@ class MLPOnsager(OnsagerTerm):
         return eqx.tree_at(lambda t: (t.layers[-1].weight, t.layers[-1].bias), mlp,
                            (jnp.zeros_like(last.weight), jnp.zeros_like(last.bias)))
 
-    def correct(self, attn, m, field, V):
-        return field - jax.vmap(attn.onsager_mlp)(m)
+    def correct(self, m, field, V, network):
+        return field - jax.vmap(network)(m)
 
 
 @register_choice("implicit.onsager", "adaptive_tap")
 @dataclasses.dataclass(frozen=True)
 class AdaptiveTAPOnsager(OnsagerTerm):
     """The adaptive-TAP correction with a Gaussian N(0, I) prior per site: cavity variances
-    V_i (`ImplicitAttention.cavity_variances`), ⟨S_i⟩ = (I − V_i)⁻¹(Σ_j J_ij⟨S_j⟩ − V_i⟨S_i⟩
+    V_i (`gaussian_cavity_variances`), ⟨S_i⟩ = (I − V_i)⁻¹(Σ_j J_ij⟨S_j⟩ − V_i⟨S_i⟩
     + X_i)."""
 
-    def cavity(self, attn, J):
-        return attn.cavity_variances(J)
+    def cavity(self, J):
+        return gaussian_cavity_variances(J)
 
-    def correct(self, attn, m, field, V):
-        n, H, dh = m.shape[0], attn.num_heads, attn.head_dim
+    def correct(self, m, field, V, network):
+        n, H, dh = m.shape[0], V.shape[0], V.shape[-1]
         mh = m.reshape(n, H, dh)
         a = field.reshape(n, H, dh) - jnp.einsum("hiab,ihb->iha", V, mh)
         # ⟨S_i⟩ = (I − V_i)⁻¹ (a_i + X_i) under the N(0, I) prior
         eye = jnp.eye(dh, dtype=m.dtype)
         out = jnp.linalg.solve(eye - V, jnp.swapaxes(a, 0, 1)[..., None])[..., 0]
-        return jnp.swapaxes(out, 0, 1).reshape(n, attn.dim)
+        return jnp.swapaxes(out, 0, 1).reshape(n, m.shape[1])
 
 
 @register_choice("implicit.onsager", "none")
@@ -223,17 +159,30 @@ class AdaptiveTAPOnsager(OnsagerTerm):
 class NaiveOnsager(OnsagerTerm):
     """No correction: naive mean field, ⟨S_i⟩ = Σ_j J_ij⟨S_j⟩ + X_i."""
 
-    def correct(self, attn, m, field, V):
+    def correct(self, m, field, V, network):
         return field
+
+
+def gaussian_cavity_variances(J: "Float[Array, 'h n n dh dh'] | FactoredCouplings"
+                              ) -> Float[Array, "h n dh dh"]:
+    """Adaptive-TAP cavity variances V_i of each head (Gaussian prior; they do not depend on
+    the fields) of the couplings `J` (dense `(H, n, n, dh, dh)` or factored), from
+    `spinformer.spins.adaptive_tap`."""
+    from ..spins import adaptive_tap
+
+    if isinstance(J, FactoredCouplings):
+        J = J.dense()
+    return jax.vmap(lambda Jh: adaptive_tap.gaussian_cavity_variances(Jh))(J)
 
 
 @dataclasses.dataclass(frozen=True)
 class ImplicitConfig:
     """Options of Deep Implicit Attention (the config section `model.implicit`)."""
 
-    couplings: str = option("explicit", "explicit: learned d×d blocks J_ij per pair of sites "
-                            "(needs a fixed number of sites); softmax: J_ij = softmax(q·k) W "
-                            "amortised from the input", kind="implicit.couplings")
+    couplings: str = option("explicit", "explicit: learned d×d blocks J_ij per pair of "
+                            "sites (needs a fixed number of sites); softmax: J_ij = "
+                            "softmax(q·k) W amortised from the input",
+                            choices=get_args(Couplings))
     onsager: str = option("mlp", "self-correction f(⟨S_i⟩): mlp (learned), adaptive_tap "
                           "(explicit cavity variances, Gaussian prior) or none (naive mean "
                           "field)", kind="implicit.onsager")
@@ -288,9 +237,10 @@ class ImplicitAttention(eqx.Module):
     - `causal`: spin i feels only spins j ≤ i.
     - `max_len`: the number of sites N of explicit couplings (inputs may have n ≤ N tokens:
       the first n sites are used).
-    - `couplings`: an `ImplicitCouplings` object or its name: `ExplicitSiteCouplings()`
-      (`"explicit"`) or `SoftmaxCouplings()` (`"softmax"`), see the module docstring; kept
-      as the object in the field `couplings_kind`.
+    - `couplings`: where the couplings come from, a word of `Couplings`: `"explicit"`
+      (learned blocks `J (H, max_len, max_len, d/H, d/H)`) or `"softmax"` (J_ij =
+      softmax_j(q_i·k_j/√d) W from the input, learned maps `to_q`, `to_k` and blocks
+      `W (H, d/H, d/H)`), see the module docstring; kept in the field `couplings_kind`.
     - `onsager`: an `OnsagerTerm` object or its name: `MLPOnsager()` (`"mlp"`),
       `AdaptiveTAPOnsager()` (`"adaptive_tap"`) or `NaiveOnsager()` (`"none"`);
       `onsager_hidden`: the MLP's hidden width (0: 2d).
@@ -317,7 +267,7 @@ class ImplicitAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    couplings_kind: ImplicitCouplings = eqx.field(static=True)
+    couplings_kind: Couplings = eqx.field(static=True)
     onsager: OnsagerTerm = eqx.field(static=True)
     sym_sites: bool = eqx.field(static=True)
     sym_internal: bool = eqx.field(static=True)
@@ -328,7 +278,7 @@ class ImplicitAttention(eqx.Module):
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         max_len: int,
-        couplings: ImplicitCouplings | str = _DEFAULTS.couplings,
+        couplings: Couplings = _DEFAULTS.couplings,
         onsager: OnsagerTerm | str = _DEFAULTS.onsager,
         onsager_hidden: int = _DEFAULTS.onsager_hidden,
         sym_sites: bool = _DEFAULTS.sym_sites,
@@ -343,7 +293,7 @@ class ImplicitAttention(eqx.Module):
         key: PRNGKeyArray,
     ):
         check_heads("ImplicitAttention", dim, num_heads)
-        couplings = choice("implicit.couplings", couplings, where="ImplicitAttention: couplings")
+        couplings = check_literal("ImplicitAttention", "couplings", couplings, Couplings)
         onsager = choice("implicit.onsager", onsager, where="ImplicitAttention: onsager")
         if max_len < 1:
             raise ValueError(f"ImplicitAttention: max_len={max_len} must be >= 1.")
@@ -352,8 +302,16 @@ class ImplicitAttention(eqx.Module):
                              "onsager_hidden must be >= 0.")
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, kw, km, ko = jax.random.split(key, 6)
-        self.J, self.to_q, self.to_k, self.W = couplings.parameters(
-            (kj, kq, kk, kw), num_heads=H, head_dim=dh, sites=n, dim=dim)
+        if couplings == "explicit":
+            # variance 1/(N d²) as in the post, so that Σ_j J_ij m_j stays O(|m|)
+            self.J = jax.random.normal(kj, (H, n, n, dh, dh)) / math.sqrt(n * dh * dh)
+            self.to_q = self.to_k = self.W = None
+        else:
+            self.J = None
+            self.to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
+            self.to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)
+            # spectral norm of W about 1/2: the row-stochastic couplings then contract
+            self.W = 0.25 * jax.random.normal(kw, (H, dh, dh)) / math.sqrt(dh)
         self.onsager_mlp = onsager.network(dim, onsager_hidden or 2 * dim, key=km)
         self.norm = eqx.nn.LayerNorm(dim) if normalize_input else None
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
@@ -377,11 +335,36 @@ class ImplicitAttention(eqx.Module):
         blocks of size `d/H × d/H`, zero on the block diagonal and wherever the (causal)
         mask forbids a coupling. Explicit couplings are symmetrised as configured."""
         n = x.shape[0]
-        J = self.couplings_kind.blocks(self, x, mask)
+        if self.couplings_kind == "explicit":
+            if n > self.J.shape[1]:
+                raise ValueError(
+                    f"ImplicitAttention: {n} tokens but the explicit couplings have "
+                    f"{self.J.shape[1]} sites; build the module with max_len >= {n}.")
+            J = symmetrize_blocks(self.J[:, :n, :n], sites=self.sym_sites,
+                                  internal=self.sym_internal)
+        else:
+            J = self._factors(x, mask).dense()
         allowed = combine_masks(n, n, self.causal, mask)
         if allowed is not None:
             J = J * allowed[None, :, :, None, None].astype(J.dtype)
         return J
+
+    def coupling_operator(self, x: Float[Array, "n d"],
+                          mask: Optional[Bool[Array, "n n"]] = None):
+        """What the mean-field update multiplies the magnetizations by: the dense coupling
+        tensor `coupling_blocks(x, mask)` `(H, n, n, d/H, d/H)` of explicit couplings, or the
+        factors `FactoredCouplings` of softmax couplings (the same couplings, cheaper)."""
+        if self.couplings_kind == "explicit":
+            return self.coupling_blocks(x, mask)
+        return self._factors(x, mask)
+
+    def _factors(self, x, mask):
+        n = x.shape[0]
+        A = self._softmax_weights(x, mask) * (1.0 - jnp.eye(n, dtype=x.dtype))
+        allowed = combine_masks(n, n, self.causal, mask)
+        if allowed is not None:
+            A = A * allowed[None].astype(A.dtype)
+        return FactoredCouplings(A, self.W)
 
     def _softmax_weights(self, x, mask):
         scores, allowed = qk_scores("ImplicitAttention", self.to_q, self.to_k, x, None, mask,
@@ -407,25 +390,21 @@ class ImplicitAttention(eqx.Module):
         adaptive-TAP form); `args = (X, J, V)` with V the cavity variances (adaptive TAP
         only)."""
         X, J, V = args
-        return self.onsager.correct(self, m, self._coupling_term(m, J) + X, V)
+        return self.onsager.correct(m, self._coupling_term(m, J) + X, V, self.onsager_mlp)
 
     def cavity_variances(self, J: Float[Array, "h n n dh dh"]) -> Float[Array, "h n dh dh"]:
         """Adaptive-TAP cavity variances V_i of each head (Gaussian prior; they do not depend
-        on the fields), from `spinformer.spins.adaptive_tap`."""
-        from ..spins import adaptive_tap
-
-        if isinstance(J, FactoredCouplings):
-            J = J.dense()
-        return jax.vmap(lambda Jh: adaptive_tap.gaussian_cavity_variances(Jh))(J)
+        on the fields), `(H, n, d/H, d/H)`: `gaussian_cavity_variances`."""
+        return gaussian_cavity_variances(J)
 
     def spectral_radius(self, x: Float[Array, "n d"], *, steps: int = 50,
                         mask: Optional[Bool[Array, "n n"]] = None) -> Float[Array, ""]:
         """The spectral radius of ∂F/∂m at this input's fixed point (< 1: the fixed point
         attracts plain iteration), by `solvers.spectral_radius` with `steps` Jacobian–vector
         products."""
-        J = self.couplings_kind.operator(self, x, mask)
+        J = self.coupling_operator(x, mask)
         X = self.fields(x)
-        V = self.onsager.cavity(self, J)
+        V = self.onsager.cavity(J)
         m = solvers.fixed_point(self.update, X, (X, J, V), solver=self.solver,
                                 adjoint=self.adjoint, throw=self.throw).value
         args = jax.lax.stop_gradient((X, J, V))
@@ -456,9 +435,9 @@ class ImplicitAttention(eqx.Module):
         if x.ndim != 2 or x.shape[-1] != self.dim:
             raise ValueError(f"ImplicitAttention: x must have shape (n, {self.dim}); got "
                              f"{x.shape}. Use jax.vmap(module)(x) for a batch.")
-        J = self.couplings_kind.operator(self, x, mask)
+        J = self.coupling_operator(x, mask)
         X = self.fields(x)
-        V = self.onsager.cavity(self, J)
+        V = self.onsager.cavity(J)
         args = (X, J, V)
         sol = solvers.fixed_point(self.update, X, args, solver=self.solver,
                                   adjoint=self.adjoint, throw=self.throw)

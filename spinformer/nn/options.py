@@ -7,17 +7,13 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
 - `spin.update`: `MeanFieldUpdate` (`mean_field`), `TAPUpdate` (`tap`);
   `spin.mode`: `SteadyState` (`fixed_point`), `TimeSteps` (`steps`);
   `spin.init`: `Reset`, `Learned`, `Carried`; `spin.output`: `Magnetization`, `Response`.
-- `boltzmann.mode`: `SoftmaxBaseline`, `EnergyHJ`, `EnergyH`, `EnergyJ`, `EnergyHK`,
-  `EnergyHJK`, `EnergyJK`, `EnergyK`; `boltzmann.inference`: `ExactInference`,
-  `MeanFieldInference`, `TAPInference`, `Gibbs`, `ParallelTempering`, `DQA` (the samplers
-  carry their parameters).
+- `boltzmann.inference`: `ExactInference`, `MeanFieldInference`, `TAPInference`, `Gibbs`,
+  `ParallelTempering`, `DQA` (the samplers carry their parameters).
 - `neurogame.mode`: `QueryGames`, `PooledGame`; `neurogame.estimator`: `MonteCarloValues`,
   `ExactValues`, `PaperValues`; `neurogame.value_fn`: `IdentityNorm`, `TanhNorm`,
   `ReluNorm`; `neurogame.gate`: `LearnedGate`, `ShapleyGate`, `BanzhafGate`;
   `neurogame.normalize`: `NormalizeByPlayers`, `NormalizeBySum`, `NoNormalization`.
-- `implicit.couplings`: `ExplicitSiteCouplings`, `SoftmaxCouplings`; `implicit.onsager`:
-  `MLPOnsager`, `AdaptiveTAPOnsager`, `NaiveOnsager`.
-- `free_energy.couplings`: `ExplicitSpinCouplings`, `InputCouplings`.
+- `implicit.onsager`: `MLPOnsager`, `AdaptiveTAPOnsager`, `NaiveOnsager`.
 - `attractor.objective`: `EnergyObjective`, `PseudoLikelihoodObjective`.
 - `pair.pool`: `PairMeanPool`, `PairClsPool`, `PairNGTPool`.
 
@@ -27,13 +23,9 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
 
 from .._schema import Choice, choice, choice_names, register_choice
 from ._attractor import AttractorObjective, EnergyObjective, PseudoLikelihoodObjective
-from ._boltzmann import (DQA, BoltzmannInference, BoltzmannMode, BoltzmannSampler, EnergyH,
-                         EnergyHJ, EnergyHJK, EnergyHK, EnergyJ, EnergyJK, EnergyK,
-                         ExactInference, Gibbs, MeanFieldInference, ParallelTempering,
-                         SoftmaxBaseline, TAPInference)
-from ._free_energy import ExplicitSpinCouplings, FreeEnergyCouplings, InputCouplings
-from ._implicit import (AdaptiveTAPOnsager, ExplicitSiteCouplings, ImplicitCouplings,
-                        MLPOnsager, NaiveOnsager, OnsagerTerm, SoftmaxCouplings)
+from ._boltzmann import (DQA, BoltzmannInference, BoltzmannSampler, ExactInference, Gibbs,
+                         MeanFieldInference, ParallelTempering, TAPInference)
+from ._implicit import AdaptiveTAPOnsager, MLPOnsager, NaiveOnsager, OnsagerTerm
 from ._neurogame import (BanzhafGate, ExactValues, GameEstimator, GameValueFn, IdentityNorm,
                          LearnedGate, MonteCarloValues, NeuroGameGate, NeuroGameMode,
                          NoNormalization, NormalizeByPlayers, NormalizeBySum,
@@ -50,30 +42,17 @@ __all__ = [
     "AttractorObjective",
     "BanzhafGate",
     "BoltzmannInference",
-    "BoltzmannMode",
     "BoltzmannSampler",
     "Carried",
     "Choice",
     "DQA",
-    "EnergyH",
-    "EnergyHJ",
-    "EnergyHJK",
-    "EnergyHK",
-    "EnergyJ",
-    "EnergyJK",
-    "EnergyK",
     "EnergyObjective",
     "ExactInference",
     "ExactValues",
-    "ExplicitSiteCouplings",
-    "ExplicitSpinCouplings",
-    "FreeEnergyCouplings",
     "GameEstimator",
     "GameValueFn",
     "Gibbs",
     "IdentityNorm",
-    "ImplicitCouplings",
-    "InputCouplings",
     "Learned",
     "LearnedGate",
     "MLPOnsager",
@@ -102,8 +81,6 @@ __all__ = [
     "Reset",
     "Response",
     "ShapleyGate",
-    "SoftmaxBaseline",
-    "SoftmaxCouplings",
     "SpinInit",
     "SpinMode",
     "SpinOutput",
