@@ -347,6 +347,15 @@ def test_normalisation_of_alpha():
 def test_errors_and_config():
     with pytest.raises(ValueError, match="estimator"):
         make(estimator="exactly")
+    # the switches are strings, checked where they are stored
+    with pytest.raises(ValueError, match="gate='shaply' .*Did you mean 'shapley'"):
+        make(gate="shaply")
+    with pytest.raises(ValueError, match="mode='pooled'.*causal"):
+        nn.NeuroGameAttention(DIM, HEADS, causal=True, mode="pooled", key=jax.random.key(0))
+    with pytest.raises(ValueError, match="pool='max'"):
+        nn.PairClassifier(10, 3, DIM, 1, pool="max", key=jax.random.key(0))
+    assert nn.pool_attention("ngt") is nn.get_attention("neurogame")
+    assert nn.pool_attention("mean") is None and nn.pool_attention("cls") is None
     with pytest.raises(ValueError, match="at most 16"):
         make("pooled", "exact")(tokens(17))
     # a mean field that does not converge says so (here: 2 iterations at strong coupling)

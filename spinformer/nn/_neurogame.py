@@ -21,11 +21,12 @@ slice) of the players i (padded or masked tokens are never players):
 
 The heads are concatenated and mixed by W_O (eq. 27).
 
-**Damping.** §7.3 of the paper lists "damping factor 0.7" without the update. Here the
-damped update is the solver's: `Picard(damping=δ)` iterates
+**Damping.** §7.3 of the paper lists "damping factor 0.7" without the update; the authors'
+code weights the new iterate by it, s ← 0.7·tanh((J + J_int s)/γ) + 0.3·s. Here the damped
+update is the solver's: `Picard(damping=δ)` iterates
 s ← δ·s + (1 − δ)·tanh((J + J_int s)/γ) with δ the fraction of the old iterate kept (this
-library's convention everywhere; δ = 0.7 keeps 70 % of the old iterate). Both have the same
-fixed points; `Picard()` (δ = 0, the default) is the undamped parallel update of
+library's convention everywhere), so the authors' update is `Picard(damping=0.3)`. All have
+the same fixed points; `Picard()` (δ = 0, the default) is the undamped parallel update of
 Algorithm 1, lines 57–65.
 
 **Solver defaults.** With the L1-normalised fields (|J_i| ≲ 0.3) and unnormalised
@@ -59,18 +60,19 @@ length, and α keeps its absolute meaning (all tokens active gives the plain mea
 
 **Two ways to use it** (`mode`):
 
-- `"pooled"` (`PooledGame`) — the paper's layer: one game per sequence over all its players; the output
+- `"pooled"` — the paper's layer: one game per sequence over all its players; the output
   z (D,) is what the paper's classifier head (eqs. 28–30) reads (`pool`). Called as an
   attention layer in a stack, every position receives the same z (a global, non-causal
   summary).
-- `"query"` (`QueryGames`) — this project's extension to a token-mixing layer: one game per query i over the
+- `"query"` — this project's extension to a token-mixing layer: one game per query i over the
   tokens it may see (its row of the mask, causal or padded), with player vectors
   u_ij = σ(q_i·k_j/√D_h)·V_j, so each query plays its own game (query relevance scales each
   player's contribution) and receives Σ_j α_ij V_j / N_i. The cost is one game per query.
 
-Every option that selects behaviour (`mode`, `estimator`, `value_fn`, `gate`, `normalize`) is
-an object carrying it (e.g. `PooledGame().games(...)`, `ExactValues().values(...)`); the
-config holds the names, and the constructor takes either.
+The switches `mode`, `value_fn`, `gate` and `normalize` are strings (the `Literal` aliases
+`Mode`, `ValueFn`, `Gate`, `Normalize`, the words the config holds); the estimator is an
+algorithm, a `GameEstimator` object that receives the game and its players
+(`ExactValues().values(game, players, ...)`), and the constructor takes it or its name.
 
 The game values are computed on every call, in training and in evaluation (Monte Carlo
 estimators draw K = `train_samples` coalitions from the call's key in training and
@@ -81,7 +83,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Optional, Union
+import typing
+from typing import Literal, Optional, Union
 
 import equinox as eqx
 import jax
@@ -94,6 +97,7 @@ from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, merge_heads, project_heads
+from ._literal import check_literal
 from ._masks import combine_masks
 from ._registry import register_attention
 
@@ -102,71 +106,17 @@ _L1_FLOOR = 1e-6
 
 
 # -- options ---------------------------------------------------------------------------------
-# Each option is an object that carries its behaviour (`spinformer._choices`); the config
-# holds its name. Registration order is the order of the config's listed values.
+# The switches are `Literal` fields (the allowed values defined once, here); the estimator
+# is an algorithm, an object registered under `neurogame.estimator` that receives the game.
 
-
-class NeuroGameMode(Choice):
-    """Which games a `NeuroGameAttention` plays (`mode`): `QueryGames` (`"query"`) or
-    `PooledGame` (`"pooled"`)."""
-
-    #: the games are built from queries and keys (the module has the maps `to_q`, `to_k`)
-    uses_queries: ClassVar[bool] = False
-
-    def check(self, causal: bool) -> None:
-        """Raise `ValueError` if this mode cannot serve a (non-)causal layer."""
-
-    def games(self, attn: "NeuroGameAttention", x, ctx, v, allowed):
-        """The games of one call: `players (G, s)` and the player vectors
-        `u (H, G, s, D_h)`, from the queries `x (n, D)`, the tokens `ctx (s, D)`, their
-        values `v (H, s, D_h)` and the visibility mask `allowed (n, s)` (or None)."""
-        raise NotImplementedError
-
-    def outputs(self, y, n: int, dim: int):
-        """The layer's output `(n, D)` from the games' outputs `y (G, D)`."""
-        raise NotImplementedError
-
-
-@register_choice("neurogame.mode", "query")
-@dataclasses.dataclass(frozen=True)
-class QueryGames(NeuroGameMode):
-    """One game per query over the tokens it may see, with player vectors
-    u_ij = σ(q_i·k_j/√D_h)·V_j (this project's token-mixing extension)."""
-
-    uses_queries: ClassVar[bool] = True
-
-    def games(self, attn, x, ctx, v, allowed):
-        n, s, H = x.shape[0], ctx.shape[0], attn.num_heads
-        players = jnp.ones((n, s), bool) if allowed is None else allowed
-        q = project_heads(attn.to_q, x, H)
-        k = project_heads(attn.to_k, ctx, H)
-        relevance = jax.nn.sigmoid(jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(q.shape[-1]))
-        return players, relevance[..., None] * v[:, None]  # (H, n, s, D_h)
-
-    def outputs(self, y, n, dim):
-        return y
-
-
-@register_choice("neurogame.mode", "pooled")
-@dataclasses.dataclass(frozen=True)
-class PooledGame(NeuroGameMode):
-    """One game per sequence over all its players (the paper's layer); every position
-    receives the same output z."""
-
-    def check(self, causal):
-        if causal:
-            raise ValueError(
-                "NeuroGameAttention: mode='pooled' plays one game over the whole sequence, so "
-                "every position would see future tokens; use mode='query' for causal models."
-            )
-
-    def games(self, attn, x, ctx, v, allowed):
-        s = ctx.shape[0]
-        players = jnp.ones((1, s), bool) if allowed is None else jnp.any(allowed, 0)[None]
-        return players, v[:, None]  # (H, 1, s, D_h)
-
-    def outputs(self, y, n, dim):
-        return jnp.broadcast_to(y, (n, dim))
+#: which games the layer plays: one per query (`"query"`) or one per sequence (`"pooled"`)
+Mode = Literal["query", "pooled"]
+#: f of the game v(C) = f(‖Σ_{i∈C} u_i‖) (the nonlinearity's name in `spins.coalitions`)
+ValueFn = Literal["identity", "tanh", "relu"]
+#: the gate λ between Shapley and Banzhaf fields: σ(w_hᵀx_i + b_h), λ ≡ 1 or λ ≡ 0
+Gate = Literal["learned", "shapley", "banzhaf"]
+#: how a game's output Σ_i α_i V_i is divided: by N, by Σα, or not (the paper's)
+Normalize = Literal["players", "sum", "none"]
 
 
 class GameEstimator(Choice):
@@ -228,104 +178,21 @@ class PaperValues(GameEstimator):
         return est.shapley, est.banzhaf, (est.interactions if interactions else None)
 
 
-class GameValueFn(Choice):
-    """f of the game v(C) = f(‖Σ_{i∈C} u_i‖) (`value_fn`): `IdentityNorm` (`"identity"`),
-    `TanhNorm` (`"tanh"`) or `ReluNorm` (`"relu"`)."""
-
-    def game(self, u) -> coalitions.NormGame:
-        """The game of the player vectors `u (s, D_h)`."""
-        return coalitions.NormGame(u, self.name)  # the nonlinearity's name in `spins`
+def _normalize_by_players(out, alpha, players):
+    return out / jnp.maximum(jnp.sum(players), 1)
 
 
-@register_choice("neurogame.value_fn", "identity")
-@dataclasses.dataclass(frozen=True)
-class IdentityNorm(GameValueFn):
-    """v(C) = ‖Σ_{i∈C} u_i‖ (Algorithm 1)."""
+def _normalize_by_sum(out, alpha, players):
+    total = jnp.sum(alpha)
+    return out / jnp.where(total > 0, total, 1.0)
 
 
-@register_choice("neurogame.value_fn", "tanh")
-@dataclasses.dataclass(frozen=True)
-class TanhNorm(GameValueFn):
-    """v(C) = tanh ‖Σ_{i∈C} u_i‖."""
-
-
-@register_choice("neurogame.value_fn", "relu")
-@dataclasses.dataclass(frozen=True)
-class ReluNorm(GameValueFn):
-    """v(C) = relu ‖Σ_{i∈C} u_i‖."""
-
-
-class NeuroGameGate(Choice):
-    """The gate λ between Shapley and Banzhaf fields (`gate`): `LearnedGate` (`"learned"`),
-    `ShapleyGate` (`"shapley"`, λ ≡ 1) or `BanzhafGate` (`"banzhaf"`, λ ≡ 0)."""
-
-    def weights(self, proj: eqx.nn.Linear, x, num_heads: int):
-        """λ `(H, s)` of the players `x (s, D)` (`proj`: the module's gate projection)."""
-        raise NotImplementedError
-
-
-@register_choice("neurogame.gate", "learned")
-@dataclasses.dataclass(frozen=True)
-class LearnedGate(NeuroGameGate):
-    """λ_i = σ(w_hᵀ x_i + b_h)."""
-
-    def weights(self, proj, x, num_heads):
-        return jax.nn.sigmoid(jax.vmap(proj)(x)).T
-
-
-@register_choice("neurogame.gate", "shapley")
-@dataclasses.dataclass(frozen=True)
-class ShapleyGate(NeuroGameGate):
-    """λ ≡ 1: the fields are the Shapley values."""
-
-    def weights(self, proj, x, num_heads):
-        return jnp.ones((num_heads, x.shape[0]), x.dtype)
-
-
-@register_choice("neurogame.gate", "banzhaf")
-@dataclasses.dataclass(frozen=True)
-class BanzhafGate(NeuroGameGate):
-    """λ ≡ 0: the fields are the Banzhaf indices."""
-
-    def weights(self, proj, x, num_heads):
-        return jnp.zeros((num_heads, x.shape[0]), x.dtype)
-
-
-class OutputNormalization(Choice):
-    """How a game's output Σ_i α_i V_i is normalised (`normalize`): `NormalizeByPlayers`
-    (`"players"`), `NormalizeBySum` (`"sum"`) or `NoNormalization` (`"none"`, the paper's).
-    Called as `normalize(out, alpha, players)`."""
-
-    def __call__(self, out, alpha, players):
-        raise NotImplementedError
-
-
-@register_choice("neurogame.normalize", "players")
-@dataclasses.dataclass(frozen=True)
-class NormalizeByPlayers(OutputNormalization):
-    """Divide by the number of players N."""
-
-    def __call__(self, out, alpha, players):
-        return out / jnp.maximum(jnp.sum(players), 1)
-
-
-@register_choice("neurogame.normalize", "sum")
-@dataclasses.dataclass(frozen=True)
-class NormalizeBySum(OutputNormalization):
-    """Divide by Σα (a convex combination, like softmax)."""
-
-    def __call__(self, out, alpha, players):
-        total = jnp.sum(alpha)
-        return out / jnp.where(total > 0, total, 1.0)
-
-
-@register_choice("neurogame.normalize", "none")
-@dataclasses.dataclass(frozen=True)
-class NoNormalization(OutputNormalization):
-    """The paper's unnormalised output."""
-
-    def __call__(self, out, alpha, players):
-        return out
+# `normalize` -> the game's output from `out = Σ_i α_i V_i (D_h,)`, `alpha (s,)`, `players (s,)`
+_NORMALIZE = {
+    "players": _normalize_by_players,
+    "sum": _normalize_by_sum,
+    "none": lambda out, alpha, players: out,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +202,7 @@ class NeuroGameConfig:
     mode: str = option("query", "query: one game per query over its visible tokens (this "
                        "project's token-mixing extension); pooled: one game per sequence "
                        "(the paper's layer; every position gets the same output)",
-                       kind="neurogame.mode")
+                       choices=typing.get_args(Mode))
     estimator: str = option("mc", "game values: mc (unbiased Monte Carlo), exact "
                             "(enumeration, <= 16 tokens), paper (Algorithm 1's "
                             "Gibbs-weighted estimators)", kind="neurogame.estimator")
@@ -343,24 +210,24 @@ class NeuroGameConfig:
     eval_samples: int = option(25, "Monte Carlo samples K per call in evaluation")
     eval_seed: int = option(0, "seed of the fixed evaluation key (deterministic evaluation)")
     value_fn: str = option("identity", "f in v(C) = f(|sum of the coalition's values|)",
-                           kind="neurogame.value_fn")
+                           choices=typing.get_args(ValueFn))
     gamma: float = option(0.25, "initial temperature gamma of every head")
     learn_gamma: bool = option(True, "learn each head's temperature (log-parameterised)")
     gate: str = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
-                       "banzhaf (lambda = 0)", kind="neurogame.gate")
+                       "banzhaf (lambda = 0)", choices=typing.get_args(Gate))
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
     solver: SolverOptions = option(
         SolverOptions(name="picard", tol=1e-4, max_steps=100),
         "the mean-field solver (picard: Algorithm 1's iteration, the paper's 25 steps are "
-        "max_steps=25; solver.damping keeps that fraction of the old iterate, the paper's "
-        "'damping factor 0.7' is damping=0.7)")
+        "max_steps=25; solver.damping keeps that fraction of the old iterate: the paper's "
+        "'damping factor 0.7' weights the new iterate, so its code's update is damping=0.3)")
     adjoint: AdjointOptions = option(
         AdjointOptions(tol=1e-4),
         "gradients through the mean field: implicit (an Anderson backward solve) or "
         "unrolled (backpropagation through the iterations, as the paper's code)")
     normalize: str = option("players", "output normalisation: players (divide by the number "
                             "of players), sum (by the sum of alpha), none (the paper's)",
-                            kind="neurogame.normalize")
+                            choices=typing.get_args(Normalize))
 
     def __post_init__(self):
         if not (self.train_samples >= 2 and self.eval_samples >= 2):
@@ -411,27 +278,30 @@ class NeuroGameAttention(eqx.Module):
     - `causal`: in `"query"` mode query i's game has the players j ≤ i (self-attention only);
       `"pooled"` mode has one game over the whole sequence and refuses `causal=True`.
 
-    The options `mode`, `estimator`, `value_fn`, `gate` and `normalize` take the option
-    object or its name (what the config holds); the module keeps the object.
-
-    - `mode`: a `NeuroGameMode`, `QueryGames()` (`"query"`) or `PooledGame()` (`"pooled"`).
-    - `estimator`: a `GameEstimator`, `MonteCarloValues()` (`"mc"`), `ExactValues()`
-      (`"exact"`) or `PaperValues()` (`"paper"`).
+    - `mode`: `"query"` (one game per query over the tokens it may see, with player vectors
+      u_ij = σ(q_i·k_j/√D_h)·V_j; the module has the maps `to_q`, `to_k`) or `"pooled"`
+      (one game per sequence over all its players, the paper's layer; every position
+      receives the same output).
+    - `estimator`: the game values' estimator, a `GameEstimator` or its name:
+      `MonteCarloValues()` (`"mc"`), `ExactValues()` (`"exact"`) or `PaperValues()`
+      (`"paper"`).
     - `train_samples`, `eval_samples`: K with and without a call `key`.
     - `eval_seed`: seed of the fixed evaluation key.
-    - `value_fn`: f of the game, a `GameValueFn`: `IdentityNorm()` (`"identity"`),
-      `TanhNorm()` (`"tanh"`) or `ReluNorm()` (`"relu"`).
+    - `value_fn`: f of the game v(C) = f(‖Σ_{i∈C} u_i‖): `"identity"` (Algorithm 1),
+      `"tanh"` or `"relu"`.
     - `gamma`: initial temperature of every head; `learn_gamma`: train log γ_h.
-    - `gate`: a `NeuroGameGate`, `LearnedGate()` (`"learned"`, λ_i = σ(w_hᵀx_i + b_h)),
-      `ShapleyGate()` (`"shapley"`, λ ≡ 1) or `BanzhafGate()` (`"banzhaf"`, λ ≡ 0).
+    - `gate`: `"learned"` (λ_i = σ(w_hᵀx_i + b_h)), `"shapley"` (λ ≡ 1: the fields are the
+      Shapley values) or `"banzhaf"` (λ ≡ 0: the Banzhaf indices).
     - `interactions`: use J_ij (False: J_ij = 0, independent spins).
     - `solver`, `adjoint`: the mean-field solver (carrying its `tol`, `max_steps` and
-      `damping`: `Picard(damping=0.7)` is the damped update) and how gradients flow
+      `damping`, the fraction of the old iterate kept: `Picard(damping=0.3)` is the
+      authors' code's update s ← 0.7·tanh(·) + 0.3·s) and how gradients flow
       (`solvers.Implicit(tol=1e-4)` by default; `solvers.Unrolled()`
       reproduces the paper's backpropagation through the iterations). With an implicit
       adjoint a game whose mean field did not converge passes no gradient through ⟨s⟩.
-    - `normalize`: an `OutputNormalization`, `NormalizeByPlayers()` (`"players"`),
-      `NormalizeBySum()` (`"sum"`) or `NoNormalization()` (`"none"`).
+    - `normalize`: how a game's output Σ_i α_i V_i is divided: `"players"` (by the number
+      of players N), `"sum"` (by Σα, a convex combination like softmax) or `"none"` (the
+      paper's).
     - `throw`: raise if a mean field does not converge (default False: reported in the
       diagnostics and the trainer's `solver_failures`).
     - `key`: PRNG key.
@@ -448,52 +318,56 @@ class NeuroGameAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
-    mode: NeuroGameMode = eqx.field(static=True)
+    mode: Mode = eqx.field(static=True)
     estimator: GameEstimator = eqx.field(static=True)
     train_samples: int = eqx.field(static=True)
     eval_samples: int = eqx.field(static=True)
     eval_seed: int = eqx.field(static=True)
-    value_fn: GameValueFn = eqx.field(static=True)
+    value_fn: ValueFn = eqx.field(static=True)
     learn_gamma: bool = eqx.field(static=True)
-    gate: NeuroGameGate = eqx.field(static=True)
+    gate: Gate = eqx.field(static=True)
     interactions: bool = eqx.field(static=True)
-    normalize: OutputNormalization = eqx.field(static=True)
+    normalize: Normalize = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
-        mode: Union[str, NeuroGameMode] = _DEFAULTS.mode,
+        mode: Mode = _DEFAULTS.mode,
         estimator: Union[str, GameEstimator] = _DEFAULTS.estimator,
         train_samples: int = _DEFAULTS.train_samples,
         eval_samples: int = _DEFAULTS.eval_samples,
         eval_seed: int = _DEFAULTS.eval_seed,
-        value_fn: Union[str, GameValueFn] = _DEFAULTS.value_fn,
+        value_fn: ValueFn = _DEFAULTS.value_fn,
         gamma: float = _DEFAULTS.gamma,
         learn_gamma: bool = _DEFAULTS.learn_gamma,
-        gate: Union[str, NeuroGameGate] = _DEFAULTS.gate,
+        gate: Gate = _DEFAULTS.gate,
         interactions: bool = _DEFAULTS.interactions,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
-        normalize: Union[str, OutputNormalization] = _DEFAULTS.normalize,
+        normalize: Normalize = _DEFAULTS.normalize,
         throw: bool = False,
         use_bias: bool = False,
         key: PRNGKeyArray,
     ):
         check_heads("NeuroGameAttention", dim, num_heads)
-        where = "NeuroGameAttention: "
-        mode = choice("neurogame.mode", mode, where=where + "mode")
-        estimator = choice("neurogame.estimator", estimator, where=where + "estimator")
-        value_fn = choice("neurogame.value_fn", value_fn, where=where + "value_fn")
-        gate = choice("neurogame.gate", gate, where=where + "gate")
-        normalize = choice("neurogame.normalize", normalize, where=where + "normalize")
-        mode.check(causal)
+        where = "NeuroGameAttention"
+        check_literal(where, "mode", mode, Mode)
+        estimator = choice("neurogame.estimator", estimator, where=where + ": estimator")
+        check_literal(where, "value_fn", value_fn, ValueFn)
+        check_literal(where, "gate", gate, Gate)
+        check_literal(where, "normalize", normalize, Normalize)
+        if mode == "pooled" and causal:
+            raise ValueError(
+                "NeuroGameAttention: mode='pooled' plays one game over the whole sequence, so "
+                "every position would see future tokens; use mode='query' for causal models."
+            )
         if train_samples < 2 or eval_samples < 2:
             raise ValueError("NeuroGameAttention: train_samples and eval_samples must be >= 2 "
                              "(standard errors and self-normalised weights need two draws).")
         if not gamma > 0:
             raise ValueError(f"NeuroGameAttention: gamma={gamma} must be > 0.")
         kq, kk, kv, ko, kg = jax.random.split(key, 5)
-        if mode.uses_queries:
+        if mode == "query":
             self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
             self.to_k = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kk)
         else:
@@ -523,7 +397,10 @@ class NeuroGameAttention(eqx.Module):
 
     def gates(self, x: Float[Array, "s d"]) -> Float[Array, "h s"]:
         """λ `(H, s)` of the players `x (s, D)`: σ(w_hᵀx + b_h), or 1 / 0 for the ablations."""
-        return self.gate.weights(self.gate_proj, x, self.num_heads)
+        if self.gate == "learned":
+            return jax.nn.sigmoid(jax.vmap(self.gate_proj)(x)).T
+        fill = jnp.ones if self.gate == "shapley" else jnp.zeros
+        return fill((self.num_heads, x.shape[0]), x.dtype)
 
     def _values(self, game, players, key, num_samples, gamma):
         """(φ, β, J_ij) of one game with the configured estimator."""
@@ -537,7 +414,7 @@ class NeuroGameAttention(eqx.Module):
     def _play(self, u, v, players, lam, gamma, key, num_samples):
         """One game: player vectors `u (s, D_h)`, output values `v (s, D_h)`, `players (s,)`,
         gates `lam (s,)`. Returns the output `(D_h,)` and the per-game diagnostics."""
-        game = self.value_fn.game(u)
+        game = coalitions.NormGame(u, self.value_fn)
         phi, beta, J = self._values(game, players, key, num_samples, gamma)
         phi, beta = _l1_normalized(phi, players), _l1_normalized(beta, players)
         field = jnp.where(players, lam * phi + (1.0 - lam) * beta, 0.0)
@@ -557,8 +434,23 @@ class NeuroGameAttention(eqx.Module):
                           jax.lax.stop_gradient(m))
         m = jnp.where(players, m, 0.0)
         alpha = jnp.where(players, 0.5 * (1.0 + m), 0.0)
-        out = self.normalize(alpha @ v, alpha, players)
+        out = _NORMALIZE[self.normalize](alpha @ v, alpha, players)
         return out, (alpha, m, field, J, phi, beta, Stats.of(sol))
+
+    def _players(self, x, ctx, v, allowed):
+        """The games of one call: `players (G, s)` and the player vectors
+        `u (H, G, s, D_h)`, from the queries `x (n, D)`, the tokens `ctx (s, D)`, their
+        values `v (H, s, D_h)` and the visibility mask `allowed (n, s)` (or None)."""
+        s = ctx.shape[0]
+        if self.mode == "pooled":
+            players = jnp.ones((1, s), bool) if allowed is None else jnp.any(allowed, 0)[None]
+            return players, v[:, None]  # (H, 1, s, D_h)
+        n, H = x.shape[0], self.num_heads
+        players = jnp.ones((n, s), bool) if allowed is None else allowed
+        q = project_heads(self.to_q, x, H)
+        k = project_heads(self.to_k, ctx, H)
+        relevance = jax.nn.sigmoid(jnp.einsum("hnk,hsk->hns", q, k) / math.sqrt(q.shape[-1]))
+        return players, relevance[..., None] * v[:, None]  # (H, n, s, D_h)
 
     def _games(self, x, ctx, allowed, key):
         """Every head's games: outputs `(H, G, D_h)` and stacked per-game diagnostics."""
@@ -570,7 +462,7 @@ class NeuroGameAttention(eqx.Module):
             key, num_samples = jax.random.key(self.eval_seed), self.eval_samples
         else:
             num_samples = self.train_samples
-        players, u = self.mode.games(self, x, ctx, v, allowed)  # (G, s), (H, G, s, D_h)
+        players, u = self._players(x, ctx, v, allowed)  # (G, s), (H, G, s, D_h)
         G = players.shape[0]
         keys = jax.random.split(key, (H, G))
 
@@ -619,7 +511,8 @@ class NeuroGameAttention(eqx.Module):
                                 mask)
         (out, per_game), lam = self._games(x, ctx, allowed, key)  # out (H, G, D_h)
         y = jax.vmap(self.to_out)(merge_heads(out))  # (G, D)
-        y = self.mode.outputs(y, x.shape[0], self.dim)
+        if self.mode == "pooled":
+            y = jnp.broadcast_to(y, (x.shape[0], self.dim))
         if return_diagnostics:
             return y, self._diagnostics(per_game, lam)
         return y
@@ -658,26 +551,15 @@ class NeuroGameAttention(eqx.Module):
 
 
 __all__ = [
-    "BanzhafGate",
     "ExactValues",
     "GameEstimator",
-    "GameValueFn",
-    "IdentityNorm",
-    "LearnedGate",
+    "Gate",
+    "Mode",
     "MonteCarloValues",
     "NeuroGameAttention",
     "NeuroGameConfig",
     "NeuroGameDiagnostics",
-    "NeuroGameGate",
-    "NeuroGameMode",
-    "NoNormalization",
-    "NormalizeByPlayers",
-    "NormalizeBySum",
-    "OutputNormalization",
+    "Normalize",
     "PaperValues",
-    "PooledGame",
-    "QueryGames",
-    "ReluNorm",
-    "ShapleyGate",
-    "TanhNorm",
+    "ValueFn",
 ]

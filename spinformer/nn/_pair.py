@@ -5,17 +5,16 @@ Transformer paper, eqs. 28–30)."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from .._schema import Choice, choice, register_choice
 from ._diagnostics import Diagnostics
-from ._neurogame import NeuroGameAttention, PooledGame
+from ._literal import check_literal
+from ._neurogame import NeuroGameAttention
 from ._registry import Registration, get_attention
 from ._transformer import Transformer
 
@@ -38,69 +37,17 @@ class PairDiagnostics(eqx.Module):
 
 # -- how the encoded pair becomes one vector (`pool`, the config key `model.pool`) -------------
 
-
-class PairPool(Choice):
-    """How a `PairClassifier` pools the encoded sequence into one vector (`pool`):
-    `PairMeanPool` (`"mean"`), `PairClsPool` (`"cls"`) or `PairNGTPool` (`"ngt"`)."""
-
-    def attention(self) -> Optional[Registration]:
-        """The registered attention whose config section configures this pool's head, or
-        None for a pool without options."""
-        return None
-
-    def head(self, dim: int, num_heads: int, kwargs: Optional[dict[str, Any]], *,
-             key: PRNGKeyArray) -> Optional[NeuroGameAttention]:
-        """The pooling head's module (with constructor arguments `kwargs`), or None."""
-        return None
-
-    def __call__(self, h, valid, head, *, key):
-        """The pooled vector `(D,)` of the hidden states `h (n, D)` (`valid (n,)`: False
-        for padding) and the head's diagnostics (or None)."""
-        raise NotImplementedError
+#: how a `PairClassifier` pools the encoded sequence into one vector: the mean of the
+#: non-padded hidden states, the first position (`[CLS]`), or the NeuroGame paper's head
+Pool = Literal["mean", "cls", "ngt"]
 
 
-@register_choice("pair.pool", "mean")
-@dataclasses.dataclass(frozen=True)
-class PairMeanPool(PairPool):
-    """The mean of the non-padded hidden states."""
-
-    def __call__(self, h, valid, head, *, key):
-        w = valid.astype(h.dtype)
-        return (w @ h) / jnp.maximum(jnp.sum(w), 1.0), None
-
-
-@register_choice("pair.pool", "cls")
-@dataclasses.dataclass(frozen=True)
-class PairClsPool(PairPool):
-    """The hidden state of the first position (`[CLS]`)."""
-
-    def __call__(self, h, valid, head, *, key):
-        return h[0], None
-
-
-@register_choice("pair.pool", "ngt")
-@dataclasses.dataclass(frozen=True)
-class PairNGTPool(PairPool):
-    """The NeuroGame paper's head: one game over the non-padded tokens,
-    `NeuroGameAttention.pool` (options from `model.neurogame`)."""
-
-    def attention(self):
-        return get_attention(NeuroGameAttention)
-
-    def head(self, dim, num_heads, kwargs, *, key):
-        kwargs = dict(kwargs or {})
-        kwargs["mode"] = PooledGame()
-        return NeuroGameAttention(dim, num_heads, key=key, **kwargs)
-
-    def __call__(self, h, valid, head, *, key):
-        return head.pool(h, players=valid, key=key, return_diagnostics=True)
-
-
-def pool_attention(pool: Union[str, PairPool]) -> Optional[Registration]:
-    """The registered attention whose config section configures the pooled head `pool` (a
-    `PairPool` or its name; `"ngt"`: NeuroGame attention, options from `model.neurogame`),
-    or None for a pool without options (`"mean"`, `"cls"`)."""
-    return choice("pair.pool", pool, where="pool").attention()
+def pool_attention(pool: Pool) -> Optional[Registration]:
+    """The registered attention whose config section configures the pooled head `pool`
+    (`"ngt"`: NeuroGame attention, options from `model.neurogame`), or None for a pool
+    without options (`"mean"`, `"cls"`)."""
+    check_literal("pool_attention", "pool", pool, Pool)
+    return get_attention(NeuroGameAttention) if pool == "ngt" else None
 
 
 class PairClassifier(eqx.Module):
@@ -117,10 +64,10 @@ class PairClassifier(eqx.Module):
     - `dim`, `depth`, `num_heads`, `max_len`, `attention`, `attention_kwargs`, `ffn_hidden`,
       `dropout`: the encoder, as `Transformer` (never causal). `depth=0` is not allowed: the
       encoder has at least one block.
-    - `pool`: how the sequence becomes one vector, a `PairPool` or its name:
-      `PairMeanPool()` (`"mean"`: mean of the non-padded hidden states), `PairClsPool()`
-      (`"cls"`: the first position) or `PairNGTPool()` (`"ngt"`: the NeuroGame paper's head,
-      one game over the non-padded tokens, z = Σ α_i V_i, `NeuroGameAttention.pool`).
+    - `pool`: how the sequence becomes one vector: `"mean"` (the mean of the non-padded
+      hidden states), `"cls"` (the first position) or `"ngt"` (the NeuroGame paper's head,
+      one game over the non-padded tokens, z = Σ α_i V_i, `NeuroGameAttention.pool` of a
+      `"pooled"`-mode `head`).
     - `pool_kwargs`: keyword arguments of the `NeuroGameAttention` head (`pool="ngt"`).
     - `num_segments`: segment ids the embedding knows (3).
     - `key`: PRNG key.
@@ -133,7 +80,7 @@ class PairClassifier(eqx.Module):
     head: Optional[NeuroGameAttention]
     hidden: eqx.nn.Linear
     readout: eqx.nn.Linear
-    pool: PairPool = eqx.field(static=True)
+    pool: Pool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -147,20 +94,22 @@ class PairClassifier(eqx.Module):
         attention_kwargs: Optional[dict[str, Any]] = None,
         ffn_hidden: int = 0,
         dropout: float = 0.0,
-        pool: Union[str, PairPool] = PairMeanPool(),
+        pool: Pool = "mean",
         pool_kwargs: Optional[dict[str, Any]] = None,
         num_segments: int = 3,
         *,
         key: PRNGKeyArray,
     ):
-        pool = choice("pair.pool", pool, where="PairClassifier: pool")
+        check_literal("PairClassifier", "pool", pool, Pool)
         ke, kp, kh, kr = jax.random.split(key, 4)
         self.encoder = Transformer(
             vocab_size, dim, depth, num_heads=num_heads, max_len=max_len, attention=attention,
             attention_kwargs=attention_kwargs, causal=False, ffn_hidden=ffn_hidden,
             dropout=dropout, num_segments=num_segments, key=ke,
         )
-        self.head = pool.head(dim, num_heads, pool_kwargs, key=kp)
+        self.head = (NeuroGameAttention(dim, num_heads, key=kp,
+                                        **{**(pool_kwargs or {}), "mode": "pooled"})
+                     if pool == "ngt" else None)
         self.hidden = eqx.nn.Linear(dim, dim, key=kh)
         self.readout = eqx.nn.Linear(dim, num_classes, key=kr)
         self.pool = pool
@@ -190,7 +139,14 @@ class PairClassifier(eqx.Module):
             ke, kh = jax.random.split(key)
         h, diag = self.encoder(tokens, segments=segments, mask=mask, key=ke,
                                return_diagnostics=True)
-        z, head_diag = self.pool(h, valid, self.head, key=kh)
+        head_diag = None
+        if self.pool == "mean":
+            w = valid.astype(h.dtype)
+            z = (w @ h) / jnp.maximum(jnp.sum(w), 1.0)
+        elif self.pool == "cls":
+            z = h[0]
+        else:
+            z, head_diag = self.head.pool(h, players=valid, key=kh, return_diagnostics=True)
         logits = self.readout(jax.nn.gelu(self.hidden(z)))
         if return_diagnostics:
             return logits, PairDiagnostics(diag, head_diag)

@@ -9,13 +9,9 @@ object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kin
   `spin.init`: `Reset`, `Learned`, `Carried`; `spin.output`: `Magnetization`, `Response`.
 - `boltzmann.inference`: `ExactInference`, `MeanFieldInference`, `TAPInference`, `Gibbs`,
   `ParallelTempering`, `DQA` (the samplers carry their parameters).
-- `neurogame.mode`: `QueryGames`, `PooledGame`; `neurogame.estimator`: `MonteCarloValues`,
-  `ExactValues`, `PaperValues`; `neurogame.value_fn`: `IdentityNorm`, `TanhNorm`,
-  `ReluNorm`; `neurogame.gate`: `LearnedGate`, `ShapleyGate`, `BanzhafGate`;
-  `neurogame.normalize`: `NormalizeByPlayers`, `NormalizeBySum`, `NoNormalization`.
+- `neurogame.estimator`: `MonteCarloValues`, `ExactValues`, `PaperValues`.
 - `implicit.onsager`: `MLPOnsager`, `AdaptiveTAPOnsager`, `NaiveOnsager`.
 - `attractor.objective`: `EnergyObjective`, `PseudoLikelihoodObjective`.
-- `pair.pool`: `PairMeanPool`, `PairClsPool`, `PairNGTPool`.
 
 `choice(kind, value)` resolves a name; `choice_names(kind)` lists a kind's names;
 `register_choice(kind, name)` adds one.
@@ -26,12 +22,7 @@ from ._attractor import AttractorObjective, EnergyObjective, PseudoLikelihoodObj
 from ._boltzmann import (DQA, BoltzmannInference, BoltzmannSampler, ExactInference, Gibbs,
                          MeanFieldInference, ParallelTempering, TAPInference)
 from ._implicit import AdaptiveTAPOnsager, MLPOnsager, NaiveOnsager, OnsagerTerm
-from ._neurogame import (BanzhafGate, ExactValues, GameEstimator, GameValueFn, IdentityNorm,
-                         LearnedGate, MonteCarloValues, NeuroGameGate, NeuroGameMode,
-                         NoNormalization, NormalizeByPlayers, NormalizeBySum,
-                         OutputNormalization, PaperValues, PooledGame, QueryGames, ReluNorm,
-                         ShapleyGate, TanhNorm)
-from ._pair import PairClsPool, PairMeanPool, PairNGTPool, PairPool
+from ._neurogame import ExactValues, GameEstimator, MonteCarloValues, PaperValues
 from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Response,
                     SpinInit, SpinMode, SpinOutput, SpinUpdate, SteadyState, TAPUpdate,
                     TimeSteps)
@@ -40,7 +31,6 @@ from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Res
 __all__ = [
     "AdaptiveTAPOnsager",
     "AttractorObjective",
-    "BanzhafGate",
     "BoltzmannInference",
     "BoltzmannSampler",
     "Carried",
@@ -50,37 +40,20 @@ __all__ = [
     "ExactInference",
     "ExactValues",
     "GameEstimator",
-    "GameValueFn",
     "Gibbs",
-    "IdentityNorm",
     "Learned",
-    "LearnedGate",
     "MLPOnsager",
     "Magnetization",
     "MeanFieldInference",
     "MeanFieldUpdate",
     "MonteCarloValues",
     "NaiveOnsager",
-    "NeuroGameGate",
-    "NeuroGameMode",
-    "NoNormalization",
-    "NormalizeByPlayers",
-    "NormalizeBySum",
     "OnsagerTerm",
-    "OutputNormalization",
-    "PairClsPool",
-    "PairMeanPool",
-    "PairNGTPool",
-    "PairPool",
     "PaperValues",
     "ParallelTempering",
-    "PooledGame",
     "PseudoLikelihoodObjective",
-    "QueryGames",
-    "ReluNorm",
     "Reset",
     "Response",
-    "ShapleyGate",
     "SpinInit",
     "SpinMode",
     "SpinOutput",
@@ -88,7 +61,6 @@ __all__ = [
     "SteadyState",
     "TAPInference",
     "TAPUpdate",
-    "TanhNorm",
     "TimeSteps",
     "choice",
     "choice_names",

@@ -25,7 +25,6 @@ import jax
 from .. import config as _config
 from .. import data as _data
 from .. import nn as _nn
-from .._schema import choice
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
 from ._loop import fit
@@ -146,10 +145,9 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                 residual=m.residual, ffn_hidden=m.ffn_hidden, positions=m.positions,
                 dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
-            pool = choice("pair.pool", m.pool, where="model.pool")
-            head = _nn.pool_attention(pool)
+            head = _nn.pool_attention(m.pool)
             return _nn.PairClassifier(
-                dataset.vocab_size, dataset.num_classes, pool=pool,
+                dataset.vocab_size, dataset.num_classes, pool=m.pool,
                 pool_kwargs=head.kwargs_from(m.section(head.name)) if head else None,
                 key=k, **common)
         if dataset.kind == "lm":
