@@ -237,8 +237,8 @@ def fixed_point_analysis(
     if not isinstance(attention, SpinAttention):
         raise ValueError("fixed_point_analysis: attention must be a SpinAttention; got "
                          f"{type(attention).__name__}.")
-    if attention.mode.steps:
-        raise ValueError(f"fixed_point_analysis: the attention has mode={attention.mode}; "
+    if attention.mode == "steps":
+        raise ValueError(f"fixed_point_analysis: the attention has mode={attention.mode!r}; "
                          "only mode='fixed_point' solves for a steady state.")
     if jnp.ndim(x) != 2 or jnp.shape(x)[-1] != attention.dim:
         raise ValueError(f"fixed_point_analysis: x must have shape (n, {attention.dim}); got "
@@ -327,7 +327,7 @@ def model_analysis(
 
     fixed = None
     attention = model.blocks.attention
-    if isinstance(attention, SpinAttention) and not attention.mode.steps:
+    if isinstance(attention, SpinAttention) and attention.mode == "fixed_point":
         inputs = jnp.concatenate([model.embeddings(tokens)[None], diag.hidden[:-1]], axis=0)
         keys = jax.random.split(key, model.depth)
 

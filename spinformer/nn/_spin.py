@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Optional, Union
+import typing
+from typing import Literal, Optional, Union
 
 import equinox as eqx
 import jax
@@ -37,13 +38,14 @@ from ._block import FeedForward
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk_scores,
                      split_heads)
+from ._literal import check_literal
 from ._registry import register_attention
 
 # The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
 _MIN_HEAD_DIM = 3
 
 
-# -- the options of the spin layer, as objects (names in configs: see spinformer._choices) --
+# -- the update rule of the spin layer, an object (names in configs: `register_choice`) --
 
 
 # `mode="steps"` runs up to this many time steps unrolled (see `SpinAttention._time_steps`).
@@ -158,178 +160,19 @@ class TAPUpdate(SpinUpdate):
         return vector._tap_row_field(m, ctx, beta, R)
 
 
-class SpinInit(Choice):
-    """The initial magnetizations of `mode="steps"` (`init=`): `Reset` (`"reset"`, the
-    decoupled magnetizations φ(x), fresh each call), `Learned` (`"learned"`, a trained
-    vector per head) or `Carried` (`"carried"`, the `state=` the caller passes)."""
+# -- the choices that switch a code path, an initial state or a readout: Literal fields --
 
-    #: the module holds a trained initial state `m_init (H, D_h)`
-    learned: ClassVar[bool] = False
-    #: the module starts from the caller's `state=` (streaming data carries it)
-    carried: ClassVar[bool] = False
-
-    def initial(self, attention, xh, state):
-        """`(H, n, D_h)` initial magnetizations for the gained fields `xh (H, n, D_h)`."""
-        del state
-        return vector.magnetization(xh, beta=attention.beta, R=attention.radius)
-
-    def decode_start(self, attention, xh):
-        """`(H, D_h)` initial magnetizations of one new position (fields `xh (H, D_h)`)."""
-        return vector.magnetization(xh, beta=attention.beta, R=attention.radius)
-
-
-@register_choice("spin.init", "reset")
-@dataclasses.dataclass(frozen=True)
-class Reset(SpinInit):
-    """Start each call from the decoupled magnetizations φ(x)."""
-
-
-@register_choice("spin.init", "learned")
-@dataclasses.dataclass(frozen=True)
-class Learned(SpinInit):
-    """Start from a trained per-head vector `m_init (H, D_h)`."""
-
-    learned: ClassVar[bool] = True
-
-    def initial(self, attention, xh, state):
-        h, n, dh = xh.shape
-        return jnp.broadcast_to(attention.m_init[:, None, :], (h, n, dh)).astype(xh.dtype)
-
-    def decode_start(self, attention, xh):
-        return attention.m_init.astype(xh.dtype)
-
-
-@register_choice("spin.init", "carried")
-@dataclasses.dataclass(frozen=True)
-class Carried(SpinInit):
-    """Start from the `state=` passed by the caller (e.g. the previous call's
-    `diagnostics.state`), or from φ(x) without one."""
-
-    carried: ClassVar[bool] = True
-
-    def initial(self, attention, xh, state):
-        if state is None:
-            return super().initial(attention, xh, state)
-        n = xh.shape[1]
-        if state.shape != (n, attention.dim):
-            raise ValueError(
-                f"SpinAttention: state must have shape ({n}, {attention.dim}) like x; got "
-                f"{state.shape}. Pass the previous call's diagnostics.state."
-            )
-        return split_heads(state, attention.num_heads)
-
-
-class SpinMode(Choice):
-    """The spin dynamics (`mode=`): `SteadyState` (`"fixed_point"`: the non-equilibrium
-    steady state, solved and differentiated by the layer's solver and adjoint) or
-    `TimeSteps` (`"steps"`: `num_steps` time steps from the `init` state)."""
-
-    #: the module's `init` and `num_steps` matter (time steps are taken)
-    steps: ClassVar[bool] = False
-
-    def run(self, attention, xh, J, state):
-        """The magnetizations `(H, n, D_h)`, those one step earlier (equal in a steady
-        state) and the per-head solver `Stats`."""
-        raise NotImplementedError
-
-    def cache_levels(self, attention) -> tuple[int, ...]:
-        """The leading axes of the decoding cache's magnetizations."""
-        raise NotImplementedError
-
-    def decode(self, attention, xh, J, M, pos):
-        """One new position's magnetizations `(H, D_h)` given the cache `M`: `(m, new M,
-        failed solves)`."""
-        raise NotImplementedError
-
-    def prefill(self, attention, xh, J):
-        """Every position at once from the gained fields `xh (H, L, D_h)` and couplings `J
-        (H, L, L)`: `(m (H, L, D_h), the cache's magnetizations, failed solves)`."""
-        raise NotImplementedError
-
-
-@register_choice("spin.mode", "fixed_point")
-@dataclasses.dataclass(frozen=True)
-class SteadyState(SpinMode):
-    """Solve for the steady state `m* = update(m*, m*)`, started at φ(x)."""
-
-    def run(self, attention, xh, J, state):
-        del state
-        m, stats = jax.vmap(attention._steady_state)(xh, J)
-        return m, m, stats
-
-    def cache_levels(self, attention):
-        return ()
-
-    def decode(self, attention, xh, J, M, pos):
-        m, failed = jax.vmap(lambda xx, jj, MM: attention._decode_ness(xx, jj, MM, pos))(
-            xh, J, M)
-        return m, M.at[:, pos].set(m), jnp.sum(failed)
-
-    def prefill(self, attention, xh, J):
-        m, _, stats = self.run(attention, xh, J, None)
-        return m, m, _failed(stats)
-
-
-@register_choice("spin.mode", "steps")
-@dataclasses.dataclass(frozen=True)
-class TimeSteps(SpinMode):
-    """Take `num_steps` time steps of the update from the `init` state."""
-
-    steps: ClassVar[bool] = True
-
-    def run(self, attention, xh, J, state):
-        return self._steps(attention, xh, J, state)[:3]
-
-    def _steps(self, attention, xh, J, state):
-        """`_time_steps` of every head: `(m, m_prev, stats, levels (H, K, n, D_h))`."""
-        m0 = attention.init.initial(attention, xh, state)  # φ of the gained fields
-        return jax.vmap(lambda xx, jj, m0_: attention._time_steps(m0_, xx, jj))(xh, J, m0)
-
-    def cache_levels(self, attention):
-        return (attention.num_steps,)
-
-    def decode(self, attention, xh, J, M, pos):
-        m = attention.init.decode_start(attention, xh)
-        failed = jnp.zeros((), jnp.int32)
-        for k in range(attention.num_steps):
-            # time step k of positions <= pos, written into the cache in place (building
-            # the levels anew and stacking them copied the whole cache: on a GPU each copy
-            # is a kernel of a decode step's few hundred)
-            M = M.at[k, :, pos].set(m)
-            m, f = jax.vmap(attention._decode_step)(xh, J, M[k])
-            failed = failed + jnp.sum(f)
-        return m, M, failed
-
-    def prefill(self, attention, xh, J):
-        # the levels are the states before each step, as `decode` stores them
-        m, _, stats, levels = self._steps(attention, xh, J, None)
-        return m, jnp.moveaxis(levels, 1, 0), _failed(stats)
-
-
-class SpinOutput(Choice):
-    """What the layer returns (`output=`): `Magnetization` (`"magnetization"`, m) or
-    `Response` (`"response"`, m − φ(x), the part of m the couplings cause)."""
-
-    def of(self, m, xh, *, beta, R):
-        """The output from the magnetizations `m` and the gained fields `xh` (same shape)."""
-        del xh, beta, R
-        return m
-
-
-@register_choice("spin.output", "magnetization")
-@dataclasses.dataclass(frozen=True)
-class Magnetization(SpinOutput):
-    """Return the magnetizations m."""
-
-
-@register_choice("spin.output", "response")
-@dataclasses.dataclass(frozen=True)
-class Response(SpinOutput):
-    """Return m − φ(x); the block's residual already carries the input."""
-
-    def of(self, m, xh, *, beta, R):
-        return m - vector.magnetization(xh, beta=beta, R=R)
-
+#: `mode=`: solve for the non-equilibrium steady state (`"fixed_point"`, solved and
+#: differentiated by the layer's solver and adjoint) or take `num_steps` time steps from the
+#: `init` state (`"steps"`).
+Mode = Literal["fixed_point", "steps"]
+#: `init=`, the initial magnetizations of `mode="steps"`: the decoupled magnetizations φ(x),
+#: fresh each call (`"reset"`), a trained vector per head (`"learned"`) or the `state=` the
+#: caller passes (`"carried"`, e.g. the previous call's `diagnostics.state`; φ(x) without one).
+Init = Literal["reset", "learned", "carried"]
+#: `output=`, what the layer returns: the magnetizations m (`"magnetization"`) or m − φ(x),
+#: the part of m the couplings cause (`"response"`).
+Output = Literal["magnetization", "response"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,11 +184,11 @@ class SpinConfig:
     update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
                          "order, with Onsager/feed-forward corrections)", kind="spin.update")
     mode: str = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
-                       "num_steps time steps", kind="spin.mode")
+                       "num_steps time steps", choices=typing.get_args(Mode))
     num_steps: int = option(2, "steps mode: number of time steps K")
     init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
-                       "caller)", kind="spin.init")
+                       "caller)", choices=typing.get_args(Init))
     solver: SolverOptions = option(
         SolverOptions(name="anderson", tol=1e-3, max_steps=30),
         "the solver of the steady state and of the TAP step")
@@ -363,7 +206,8 @@ class SpinConfig:
                               "beta_h = beta * exp(a_h), a_h initialised at 0")
     output: str = option("magnetization", "what the layer returns: magnetization (m) or "
                          "response (m - phi(x): the part of m the couplings cause; the block's "
-                         "residual already carries the input)", kind="spin.output")
+                         "residual already carries the input)",
+                         choices=typing.get_args(Output))
     coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
                                    "sqrt(D_h)) (rows sum to c instead of 1)")
 
@@ -386,8 +230,7 @@ _DEFAULTS = SpinConfig()
 # The query/key maps build the couplings J: they form the optimizer group "couplings".
 @register_attention("spin", config=SpinConfig, help="vector-spin mean field",
                     min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"),
-                    carries_state=lambda s: (choice("spin.mode", s.mode).steps
-                                             and choice("spin.init", s.init).carried),
+                    carries_state=lambda s: s.mode == "steps" and s.init == "carried",
                     carries_state_when="model.spin.mode=steps and model.spin.init=carried "
                                        "(num_steps=1: one time step per call)",
                     carries_state_keys=("mode", "init"),
@@ -402,20 +245,17 @@ class SpinAttention(eqx.Module):
     - `beta`: inverse temperature β (default 2, which trains better than 1: see
       `experiments/results/spin_lm/`). With fields of norm R the steady state's response to
       the other spins is β/(1 + √(1 + β²)) per unit of coupling: 0.41 at β = 1, 0.62 at 2.
-    The four options that select behaviour (`update`, `mode`, `init`, `output`) are option
-    objects (`SpinUpdate`, `SpinMode`, `SpinInit`, `SpinOutput`); each also accepts its
-    config name, resolved by `spinformer._choices.choice`, and the module holds the object.
 
-    - `update`: `MeanFieldUpdate()` (`"mean_field"`, first-order mean field) or
-      `TAPUpdate()` (`"tap"`, second order).
-    - `mode`: `SteadyState()` (`"fixed_point"`: the non-equilibrium steady state, found by
-      `solver` and differentiated with `adjoint`) or `TimeSteps()` (`"steps"`: `num_steps`
-      time steps).
+    - `update`: the update rule, an object (`SpinUpdate`) or its config name:
+      `MeanFieldUpdate()` (`"mean_field"`, first-order mean field) or `TAPUpdate()`
+      (`"tap"`, second order); the module holds the object.
+    - `mode`: `"fixed_point"` (the non-equilibrium steady state, found by `solver` and
+      differentiated with `adjoint`) or `"steps"` (`num_steps` time steps).
     - `num_steps`: K for `mode="steps"`.
-    - `init`: initial magnetizations for `mode="steps"`: `Reset()` (`"reset"`, the decoupled
-      magnetizations φ(x), fresh each call), `Learned()` (`"learned"`, a trained vector per
-      head) or `Carried()` (`"carried"`, the `state=` passed by the caller, e.g. the
-      previous call's `diagnostics.state`; φ(x) if None).
+    - `init`: initial magnetizations for `mode="steps"`: `"reset"` (the decoupled
+      magnetizations φ(x), fresh each call), `"learned"` (a trained vector `m_init (H, D_h)`
+      per head) or `"carried"` (the `state=` passed by the caller, e.g. the previous call's
+      `diagnostics.state`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
       tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
       `Implicit(GMRES(restart=5), tol=1e-3)`), and `throw=False` (the default) reports
@@ -431,8 +271,7 @@ class SpinAttention(eqx.Module):
       couplings scaled by `exp(a_h)`: the model with (β, x, J) equals the model with
       (1, βx, βJ) at every order of the mean-field expansion (tested against the TAP and
       first-order maps), so every solver, adjoint and diagnostic sees an ordinary system.
-    - `output`: `Magnetization()` (`"magnetization"`) returns m; `Response()`
-      (`"response"`) returns m − φ(x), the part of the
+    - `output`: `"magnetization"` returns m; `"response"` returns m − φ(x), the part of the
       magnetizations the couplings cause (to first order the attention term of Bal's
       expansion, whose other term, φ(x), plays the residual connection the block already
       has). The carried `state` is m either way.
@@ -456,20 +295,20 @@ class SpinAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
     update: SpinUpdate = eqx.field(static=True)
-    mode: SpinMode = eqx.field(static=True)
+    mode: Mode = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
-    init: SpinInit = eqx.field(static=True)
+    init: Init = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     normalize_fields: bool = eqx.field(static=True)
-    output: SpinOutput = eqx.field(static=True)
+    output: Output = eqx.field(static=True)
 
     def __init__(
         self, dim: int, num_heads: int = 1, causal: bool = False, *,
         beta: float = _DEFAULTS.beta,
         update: Union[SpinUpdate, str] = _DEFAULTS.update,
-        mode: Union[SpinMode, str] = _DEFAULTS.mode,
+        mode: Mode = _DEFAULTS.mode,
         num_steps: int = _DEFAULTS.num_steps,
-        init: Union[SpinInit, str] = _DEFAULTS.init,
+        init: Init = _DEFAULTS.init,
         solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
         adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
         throw: bool = False,
@@ -479,7 +318,7 @@ class SpinAttention(eqx.Module):
         value_proj: bool = _DEFAULTS.value_proj,
         learn_beta: bool = _DEFAULTS.learn_beta,
         coupling_scale: float = _DEFAULTS.coupling_scale,
-        output: Union[SpinOutput, str] = _DEFAULTS.output,
+        output: Output = _DEFAULTS.output,
         key: PRNGKeyArray,
     ):
         check_heads("SpinAttention", dim, num_heads)
@@ -488,11 +327,11 @@ class SpinAttention(eqx.Module):
                 f"SpinAttention: the head width D_h = dim/num_heads = {dim // num_heads} must be "
                 "> 2 (spins live on spheres of radius sqrt(D_h/2 - 1)); use fewer heads."
             )
-        update, mode, init, output = (
-            choice(f"spin.{name}", value, where=f"SpinAttention: {name}")
-            for name, value in (("update", update), ("mode", mode), ("init", init),
-                                ("output", output)))
-        if mode.steps and num_steps < 1:
+        update = choice("spin.update", update, where="SpinAttention: update")
+        mode = check_literal("SpinAttention", "mode", mode, Mode)
+        init = check_literal("SpinAttention", "init", init, Init)
+        output = check_literal("SpinAttention", "output", output, Output)
+        if mode == "steps" and num_steps < 1:
             raise ValueError(f"SpinAttention: num_steps={num_steps} must be >= 1.")
         if not beta > 0:
             raise ValueError(f"SpinAttention: beta={beta} must be > 0.")
@@ -504,7 +343,8 @@ class SpinAttention(eqx.Module):
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.field_mlp = FeedForward(dim, field_ffn, key=kf) if field_ffn > 0 else None
         dh = dim // num_heads
-        self.m_init = 0.1 * jax.random.normal(km, (num_heads, dh)) if init.learned else None
+        self.m_init = (0.1 * jax.random.normal(km, (num_heads, dh)) if init == "learned"
+                       else None)
         self.to_v = (eqx.nn.Linear(dim, dim, use_bias=False, key=jax.random.fold_in(kq, 1))
                      if value_proj else None)
         self.log_beta = jnp.zeros((num_heads,)) if learn_beta else None
@@ -608,7 +448,7 @@ class SpinAttention(eqx.Module):
                 xh, J, ch, m_prev
             )
         else:
-            m, m_prev, stats = self.mode.run(self, xh, J, state)
+            m, m_prev, stats = self._run(xh, J, state)
 
         out = merge_heads(m)
         y = self._respond(m, xh)
@@ -643,8 +483,48 @@ class SpinAttention(eqx.Module):
                  ) -> Float[Array, "n d"]:
         """The layer's output `(n, d)` from the magnetizations and gained fields of every
         head: the `output` choice, heads merged, through `out_proj` when there is one."""
-        y = merge_heads(self.output.of(m, xh, beta=self.beta, R=self.radius))
+        y = merge_heads(self._output(m, xh))
         return jax.vmap(self.out_proj)(y) if self.out_proj is not None else y
+
+    def _output(self, m, xh):
+        """The `output` choice from the magnetizations `m` and the gained fields `xh` (same
+        shape, any leading axes): m, or m − φ(x) for `output="response"`."""
+        if self.output == "response":
+            return m - vector.magnetization(xh, beta=self.beta, R=self.radius)
+        return m
+
+    # -- the spin dynamics, every head -----------------------------------------------------
+
+    def _run(self, xh, J, state):
+        """The magnetizations `(H, n, D_h)` of the gained fields `xh (H, n, D_h)` and
+        couplings `J (H, n, n)`, those one step earlier (equal in a steady state) and the
+        per-head solver `Stats`: the steady state, or `num_steps` time steps (`mode`)."""
+        if self.mode == "steps":
+            return self._steps(xh, J, state)[:3]
+        m, stats = jax.vmap(self._steady_state)(xh, J)
+        return m, m, stats
+
+    def _steps(self, xh, J, state):
+        """`_time_steps` of every head from the `init` state: `(m, m_prev, stats, levels
+        (H, K, n, D_h))`."""
+        m0 = self._initial(xh, state)  # φ of the gained fields
+        return jax.vmap(lambda xx, jj, m0_: self._time_steps(m0_, xx, jj))(xh, J, m0)
+
+    def _initial(self, xh, state):
+        """`(H, n, D_h)` initial magnetizations of `mode="steps"` (the `init` choice) for the
+        gained fields `xh (H, n, D_h)` and the caller's `state (n, d)` or None."""
+        if self.init == "learned":
+            h, n, dh = xh.shape
+            return jnp.broadcast_to(self.m_init[:, None, :], (h, n, dh)).astype(xh.dtype)
+        if self.init == "carried" and state is not None:
+            n = xh.shape[1]
+            if state.shape != (n, self.dim):
+                raise ValueError(
+                    f"SpinAttention: state must have shape ({n}, {self.dim}) like x; got "
+                    f"{state.shape}. Pass the previous call's diagnostics.state."
+                )
+            return split_heads(state, self.num_heads)
+        return vector.magnetization(xh, beta=self.beta, R=self.radius)
 
     # -- the spin dynamics, one head -------------------------------------------------------
 
@@ -711,7 +591,7 @@ class SpinAttention(eqx.Module):
         `(K, H, max_len, D_h)`, time steps 0..K−1, for `mode="steps"`) and `failures`, the
         number of solves so far that did not converge."""
         H, dh = self.num_heads, self.head_dim
-        levels = self.mode.cache_levels(self)
+        levels = (self.num_steps,) if self.mode == "steps" else ()
         return {"k": jnp.zeros((H, max_len, dh), dtype),
                 "m": jnp.zeros((*levels, H, max_len, dh), dtype),
                 "failures": jnp.zeros((), jnp.int32)}
@@ -727,9 +607,8 @@ class SpinAttention(eqx.Module):
         J = masked_softmax(scores[:, None], visible[None])[:, 0]  # (H, L), zero after pos
         xh = self.fields(x[None])[:, 0]  # (H, D_h)
         xh, J = self._gain(xh, J)
-        beta, R = self.beta, self.radius
-        m, new_m, failed = self.mode.decode(self, xh, J, cache["m"], pos)
-        out = self.output.of(m, xh, beta=beta, R=R).reshape(-1)
+        m, new_m, failed = self._decode_position(xh, J, cache["m"], pos)
+        out = self._output(m, xh).reshape(-1)
         y = self.out_proj(out) if self.out_proj is not None else out
         return y, {**cache, "m": new_m, "failures": cache["failures"] + failed}
 
@@ -745,10 +624,40 @@ class SpinAttention(eqx.Module):
             raise ValueError("SpinAttention.prefill: incremental decoding needs causal "
                              "attention; build the model with causal=True.")
         xh, J = self._gain(self.fields(x), self.couplings(x))
-        m, M, failed = self.mode.prefill(self, xh, J)
+        if self.mode == "steps":
+            # the levels are the states before each step, as `decode` stores them
+            m, _, stats, levels = self._steps(xh, J, None)
+            M = jnp.moveaxis(levels, 1, 0)
+        else:
+            m, _, stats = self._run(xh, J, None)
+            M = m
+        failed = _failed(stats)
         y = self._respond(m, xh)
         k = split_heads(jax.vmap(self.to_k)(x), self.num_heads)
         return y, {"k": k.astype(x.dtype), "m": M.astype(x.dtype), "failures": failed}
+
+    def _decode_position(self, xh, J, M, pos):
+        """One new position's magnetizations `(H, D_h)` from its gained fields `xh (H, D_h)`,
+        couplings `J (H, L)` and the cache's magnetizations `M`: `(m, new M, failed solves)`.
+        `mode="fixed_point"` solves its steady state; `mode="steps"` takes the time steps,
+        writing the state before each into `M (K, H, L, D_h)`."""
+        if self.mode == "steps":
+            # the initial state: the trained vector, else φ of the gained fields
+            if self.init == "learned":
+                m = self.m_init.astype(xh.dtype)
+            else:
+                m = vector.magnetization(xh, beta=self.beta, R=self.radius)
+            failed = jnp.zeros((), jnp.int32)
+            for k in range(self.num_steps):
+                # time step k of positions <= pos, written into the cache in place (building
+                # the levels anew and stacking them copied the whole cache: on a GPU each
+                # copy is a kernel of a decode step's few hundred)
+                M = M.at[k, :, pos].set(m)
+                m, f = jax.vmap(self._decode_step)(xh, J, M[k])
+                failed = failed + jnp.sum(f)
+            return m, M, failed
+        m, failed = jax.vmap(lambda xx, jj, MM: self._decode_ness(xx, jj, MM, pos))(xh, J, M)
+        return m, M.at[:, pos].set(m), jnp.sum(failed)
 
     def _decode_ness(self, x, J, M, pos):
         """Steady state of one head's position `pos`: m = F(m) with the other rows of the

@@ -4,9 +4,7 @@ Options that select behaviour are frozen dataclasses registered under a kind and
 (`spinformer._choices`); a config names them (`model.spin.update: tap`), Python passes the
 object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kinds:
 
-- `spin.update`: `MeanFieldUpdate` (`mean_field`), `TAPUpdate` (`tap`);
-  `spin.mode`: `SteadyState` (`fixed_point`), `TimeSteps` (`steps`);
-  `spin.init`: `Reset`, `Learned`, `Carried`; `spin.output`: `Magnetization`, `Response`.
+- `spin.update`: `MeanFieldUpdate` (`mean_field`), `TAPUpdate` (`tap`).
 - `boltzmann.inference`: `ExactInference`, `MeanFieldInference`, `TAPInference`, `Gibbs`,
   `ParallelTempering`, `DQA` (the samplers carry their parameters).
 - `neurogame.estimator`: `MonteCarloValues`, `ExactValues`, `PaperValues`.
@@ -23,9 +21,7 @@ from ._boltzmann import (DQA, BoltzmannInference, BoltzmannSampler, ExactInferen
                          MeanFieldInference, ParallelTempering, TAPInference)
 from ._implicit import AdaptiveTAPOnsager, MLPOnsager, NaiveOnsager, OnsagerTerm
 from ._neurogame import ExactValues, GameEstimator, MonteCarloValues, PaperValues
-from ._spin import (Carried, Learned, Magnetization, MeanFieldUpdate, Reset, Response,
-                    SpinInit, SpinMode, SpinOutput, SpinUpdate, SteadyState, TAPUpdate,
-                    TimeSteps)
+from ._spin import MeanFieldUpdate, SpinUpdate, TAPUpdate
 
 # written out (not computed) so that documentation tools read it without importing
 __all__ = [
@@ -33,7 +29,6 @@ __all__ = [
     "AttractorObjective",
     "BoltzmannInference",
     "BoltzmannSampler",
-    "Carried",
     "Choice",
     "DQA",
     "EnergyObjective",
@@ -41,9 +36,7 @@ __all__ = [
     "ExactValues",
     "GameEstimator",
     "Gibbs",
-    "Learned",
     "MLPOnsager",
-    "Magnetization",
     "MeanFieldInference",
     "MeanFieldUpdate",
     "MonteCarloValues",
@@ -52,16 +45,9 @@ __all__ = [
     "PaperValues",
     "ParallelTempering",
     "PseudoLikelihoodObjective",
-    "Reset",
-    "Response",
-    "SpinInit",
-    "SpinMode",
-    "SpinOutput",
     "SpinUpdate",
-    "SteadyState",
     "TAPInference",
     "TAPUpdate",
-    "TimeSteps",
     "choice",
     "choice_names",
     "register_choice",
