@@ -304,7 +304,7 @@ def test_compile_size_does_not_grow_with_depth(getkey):
 
 
 def test_unknown_attention(getkey):
-    with pytest.raises(ValueError, match="unknown attention"):
+    with pytest.raises(ValueError, match="is not one of"):
         nn.Transformer(12, 16, 1, attention="no_such_attention", key=getkey())
 
 
@@ -415,7 +415,7 @@ def test_registered_attention_from_yaml(gain_attention, tmp_path):
 def test_registry_errors(gain_attention):
     with pytest.raises(ValueError, match="already registered"):
         nn.register_attention("gain", config=GainConfig)(nn.SoftmaxAttention)
-    with pytest.raises(TypeError, match="no argument 'gain'.*from_config"):
+    with pytest.raises(TypeError, match="no argument 'gain'"):
         nn.register_attention("other", config=GainConfig)(nn.SoftmaxAttention)
     with pytest.raises(TypeError, match="frozen dataclass"):
         nn.register_attention("other", config=dict)
