@@ -32,8 +32,9 @@ from typing import Any, Mapping, Optional, Union
 
 import yaml
 
+from . import _schema
 from ._schema import AdjointOptions, ConfigError, SolverOptions, option
-from .nn import _image, _pair, _registry
+from .nn import _image, _pair
 
 __all__ = [
     "AdjointOptions",
@@ -141,7 +142,7 @@ class DataConfig:
 
 
 def _attention_help() -> str:
-    regs = _registry.registrations()
+    regs = _schema.registrations()
     described = ", ".join(f"{r.name} ({r.help})" if r.help else r.name for r in regs)
     return f"attention mechanism: {described}"
 
@@ -163,8 +164,8 @@ class ModelConfig:
     """
 
     attention: str = dataclasses.field(
-        default_factory=lambda: _registry.default_attention(),
-        metadata={"help": _attention_help, "choices": _registry.attention_names})
+        default_factory=lambda: _schema.default_attention(),
+        metadata={"help": _attention_help, "choices": _schema.attention_names})
     dim: int = _f(32, "model width D")
     depth: int = _f(1, "number of blocks")
     num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
@@ -191,7 +192,7 @@ class ModelConfig:
     def __post_init__(self):
         _check_model(self)
         given = dict(self.sections)
-        regs = {r.name: r for r in _registry.registrations() if r.config is not None}
+        regs = {r.name: r for r in _schema.registrations() if r.config is not None}
         used = [name for name in _used_sections(self) if name in regs]
         for name in sorted(set(given) - set(used)):
             if name not in regs:
@@ -227,7 +228,7 @@ class ModelConfig:
         """`(name, section class, help)` of every registered attention with a config: the
         keys `model.<name>` beside the fields (read by `keys`)."""
         return tuple((r.name, r.config, _section_help(r.name))
-                     for r in _registry.registrations() if r.config is not None)
+                     for r in _schema.registrations() if r.config is not None)
 
     def section(self, name: Optional[str] = None):
         """The options section of attention `name` (default: `self.attention`), or None when
@@ -261,7 +262,7 @@ def _check_model(self):
     if self.dim % self.num_heads:
         raise ConfigError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}.")
     try:
-        reg = _registry.get_attention(self.attention)
+        reg = _schema.get_attention(self.attention)
     except ValueError as e:
         raise ConfigError(f"attention: {e}") from None
     least = reg.min_head_dim
@@ -367,11 +368,11 @@ class Config:
     def __post_init__(self):
         # checks across sections (a section's own are in its `__post_init__`)
         if self.data.stream:
-            reg = _registry.get_attention(self.model.attention)
+            reg = _schema.get_attention(self.model.attention)
             section = self.model.section()
             if reg.carries_state is None or not reg.carries_state(section):
                 able = [f"model.attention={r.name} with {r.carries_state_when}"
-                        for r in _registry.registrations() if r.carries_state is not None]
+                        for r in _schema.registrations() if r.carries_state is not None]
                 raise ConfigError(
                     "data.stream=true carries the attention's state from one batch to the "
                     f"next: it needs {' or '.join(able) or 'an attention that carries state'}"
@@ -752,7 +753,7 @@ def _build(raw: dict, changes: dict) -> Config:
     model = raw.get("model")
     new = changes.get("model.attention")
     if new is not None and isinstance(model, dict):
-        old = model.get("attention", _registry.default_attention())
+        old = model.get("attention", _schema.default_attention())
         if old != new and old in model:
             raw = {**raw, "model": {k: v for k, v in model.items() if k != old}}
     return _build_from(raw, changes, Config)

@@ -3,6 +3,7 @@ import pathlib
 
 import pytest
 
+import spinformer._schema
 from spinformer import config as C
 from spinformer import nn
 
@@ -14,7 +15,7 @@ def test_defaults_and_help():
     assert cfg.train.steps == 1000 and cfg.model.spin.update == "tap"
     text = C.describe()
     for cls in (C.Config, C.DataConfig, C.ModelConfig, C.TrainConfig,
-                *(r.config for r in nn._registry.registrations() if r.config is not None)):
+                *(r.config for r in spinformer._schema.registrations() if r.config is not None)):
         for k in C.keys(cls).values():
             assert k.help, f"{cls.__name__}.{k.name} has no one-line meaning"
             assert k.name in text

@@ -82,11 +82,11 @@ def test_every_option_field_names_registered_objects():
     """Each config field declared with `kind=` (an algorithm) lists exactly the registered
     names, its default is one of them, and `nn.section_kwargs` turns it into that object."""
     seen = 0
-    for reg in nn._registry.registrations():
+    for reg in spinformer._schema.registrations():
         if reg.config is None:
             continue
         section = reg.config()
-        built = nn._registry.section_kwargs(section)
+        built = spinformer._schema.section_kwargs(section)
         for f in dataclasses.fields(reg.config):
             kind = f.metadata.get("kind")
             if kind is None:

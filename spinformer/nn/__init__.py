@@ -12,7 +12,7 @@ logits = jax.vmap(model)(tokens)            # (B, n, 12)
 ```
 
 A new attention is one module plus one config dataclass, registered with
-`register_attention(name, config=...)` (see `spinformer.nn._registry`).
+`register_attention(name, config=...)` (see `spinformer._schema`).
 """
 
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
@@ -59,12 +59,12 @@ from ._pair import PairDiagnostics as PairDiagnostics
 from ._pair import pool_attention as pool_attention
 from ._reconstruct import PatchReconstructor as PatchReconstructor
 from . import options as options
-from ._registry import Registration as Registration
-from ._registry import attention_names as attention_names
-from ._registry import default_attention as default_attention
-from ._registry import get_attention as get_attention
-from ._registry import register_attention as register_attention
-from ._registry import unregister_attention as unregister_attention
+from .._schema import Registration as Registration
+from .._schema import attention_names as attention_names
+from .._schema import default_attention as default_attention
+from .._schema import get_attention as get_attention
+from .._schema import register_attention as register_attention
+from .._schema import unregister_attention as unregister_attention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import SpinAttention as SpinAttention
 from ._spin import SpinConfig as SpinConfig

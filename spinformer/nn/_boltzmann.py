@@ -41,13 +41,12 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
 from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+                      choice, option, register_attention, register_choice)
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
 from ._literal import check_literal
-from ._registry import register_attention
 
 
 # ------------------------------------------------------------------------------ modes

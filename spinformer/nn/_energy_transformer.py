@@ -27,14 +27,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._schema import ConfigError, option
+from .._schema import ConfigError, option, register_attention
 from ..spins import energy_transformer as et
 from ..spins.energy_transformer import HopfieldEnergy
 from ._diagnostics import Diagnostics
 from ._heads import check_heads, check_shapes
 from ._literal import check_literal
 from ._masks import combine_masks
-from ._registry import register_attention
 
 
 @dataclasses.dataclass(frozen=True)

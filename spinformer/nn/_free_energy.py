@@ -41,13 +41,12 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
 from .._schema import (AdjointOptions, ConfigError, SolverOptions, check_options, option,
-                      register_choice)
+                      register_attention, register_choice)
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
 from ._literal import check_literal
 from ._masks import combine_masks
-from ._registry import register_attention
 
 # config words of the saddle's own solver and adjoint
 register_choice("solver", "saddle_newton")(fe.SaddleNewton)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 from jaxtyping import PyTree
 
-from ._registry import get_attention
+from .._schema import get_attention
 
 
 def _child(obj, key):

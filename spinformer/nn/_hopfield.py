@@ -29,14 +29,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import AdjointOptions, ConfigError, SolverOptions, check_options, option
+from .._schema import (AdjointOptions, ConfigError, SolverOptions, check_options, option,
+                      register_attention)
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
 from ._literal import check_literal
 from ._masks import combine_masks
-from ._registry import register_attention
 
 def _update(xi, args):
     """The Hopfield update of every query's state `xi (n, D_h)` at once, over the keys

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._schema import get_attention
 from ._block import Block
 from ._literal import check_literal
-from ._registry import get_attention
 
 
 def conv_grid(size: int) -> int:

@@ -51,12 +51,11 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
 from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+                      choice, option, register_attention, register_choice)
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._literal import check_literal
 from ._masks import combine_masks
-from ._registry import register_attention
 
 # The key of the spectral-radius estimate (a diagnostic: the same start vector every call).
 _SPECTRAL_KEY = 20211

@@ -93,13 +93,12 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
 from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+                      choice, option, register_attention, register_choice)
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, merge_heads, project_heads
 from ._literal import check_literal
 from ._masks import combine_masks
-from ._registry import register_attention
 
 # Below this L1 norm the Shapley/Banzhaf vector is treated as zero (no division by ~0).
 _L1_FLOOR = 1e-6

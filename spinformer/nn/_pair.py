@@ -15,7 +15,7 @@ from jaxtyping import Array, Int, PRNGKeyArray
 from ._diagnostics import Diagnostics
 from ._literal import check_literal
 from ._neurogame import NeuroGameAttention
-from ._registry import Registration, get_attention
+from .._schema import Registration, get_attention
 from ._transformer import Transformer
 
 PAD = 0  # token id 0 is padding

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from ._block import Block
-from ._registry import get_attention
+from .._schema import get_attention
 
 __all__ = ["PatchReconstructor"]
 

@@ -13,7 +13,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from ._diagnostics import Diagnostics
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
-from ._registry import register_attention
+from .._schema import register_attention
 
 
 # The query/key maps define the attention pattern: they form the optimizer group "couplings".

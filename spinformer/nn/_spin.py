@@ -31,7 +31,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
 from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_choice)
+                      choice, option, register_attention, register_choice)
 from ..spins import vector
 from ..spins._common import solve as _solve
 from ._block import FeedForward
@@ -39,7 +39,6 @@ from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk_scores,
                      split_heads)
 from ._literal import check_literal
-from ._registry import register_attention
 
 # The spins live on spheres of radius sqrt(D_h/2 - 1): a head needs D_h > 2.
 _MIN_HEAD_DIM = 3

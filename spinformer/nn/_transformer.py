@@ -12,7 +12,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ._block import Block
 from ._literal import check_literal
-from ._registry import get_attention
+from .._schema import get_attention
 
 
 class Transformer(eqx.Module):
