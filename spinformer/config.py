@@ -171,13 +171,13 @@ class ModelConfig:
     num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
     ffn_hidden: int = _f(64, "hidden width of each block's feed-forward network (0: none)")
     dropout: float = _f(0.0, "dropout rate on the residual branches")
-    pool: str = _f("mean", "pair classification (nli, snli) only: how the encoded pair becomes "
-                   "one vector: mean (of the tokens), cls (first token) or ngt (the NeuroGame "
-                   "paper's pooled game head, options from model.neurogame)",
-                   typing.get_args(_pair.Pool))
-    embed: str = _f("conv", "images only: conv (two conv+pool stages to a grid of sites, as in "
-                    "the Deep Implicit Attention post; images >= 16x16) or patch (linear "
-                    "embedding of patch x patch patches)", typing.get_args(_image.ImageEmbed))
+    pool: _pair.Pool = _f("mean", "pair classification (nli, snli) only: how the encoded "
+                          "pair becomes one vector: mean (of the tokens), cls (first token) or "
+                          "ngt (the NeuroGame paper's pooled game head, options from "
+                          "model.neurogame)")
+    embed: _image.ImageEmbed = _f("conv", "images only: conv (two conv+pool stages to a grid "
+                                  "of sites, as in the Deep Implicit Attention post; images >= "
+                                  "16x16) or patch (linear embedding of patch x patch patches)")
     patch: int = _f(4, "images, embed=patch only: patch side in pixels")
     conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions")
     residual: bool = _f(True, "images only: wrap each attention in a pre-norm residual block "
@@ -450,6 +450,8 @@ def _keys(cls) -> dict[str, Key]:
         else:
             default = f.default_factory()
         help_, choices = meta.get("help", ""), meta.get("choices")
+        if choices is None and typing.get_origin(hints[f.name]) is typing.Literal:
+            choices = typing.get_args(hints[f.name])  # a Literal field: its values
         out[f.name] = Key(f.name, hints[f.name], default,
                           help_() if callable(help_) else help_,
                           tuple(choices()) if callable(choices) else choices)
@@ -469,6 +471,8 @@ def _unwrap_optional(tp):
 
 def _coerce(value, tp, where: str):
     tp, optional = _unwrap_optional(tp)
+    if typing.get_origin(tp) is typing.Literal:  # the allowed values are checked next
+        tp = type(typing.get_args(tp)[0])
     if value is None:
         if optional:
             return None

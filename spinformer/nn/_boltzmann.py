@@ -32,7 +32,7 @@ of samples, burn-in, ...) and whose sample means carry straight-through gradient
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Literal, Optional, Union, get_args
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import equinox as eqx
 import jax
@@ -72,9 +72,9 @@ _CLOSED_FORM = ("softmax", "h", "J")
 class BoltzmannConfig:
     """Options of Boltzmann attention (the config section `model.boltzmann`)."""
 
-    mode: str = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
+    mode: Mode = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
                        "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), "
-                       "or the three-body variants hK, hJK, JK, K", choices=get_args(Mode))
+                       "or the three-body variants hK, hJK, JK, K")
     inference: str = option("exact", "how magnetizations are computed: exact (enumeration, "
                             "T<=24), mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
                             kind="boltzmann.inference")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Optional
 
 import equinox as eqx
@@ -45,9 +44,8 @@ class EnergyTransformerConfig:
     alpha: float = option(0.1, "step size alpha of x <- x - alpha dE/dg")
     head_dim: int = option(0, "Y, the width of each head's queries and keys (0: dim/num_heads)")
     memories: int = option(0, "M, the Hopfield memories (0: 2 * dim)")
-    hopfield: str = option("relu", "the Hopfield energy: relu (-1/2 sum relu(xi.g)^2) or "
-                           "softmax (-1/beta_hn sum log sum exp)",
-                           choices=typing.get_args(HopfieldEnergy))
+    hopfield: HopfieldEnergy = option("relu", "the Hopfield energy: relu (-1/2 sum "
+                                      "relu(xi.g)^2) or softmax (-1/beta_hn sum log sum exp)")
     beta_hn: float = option(1.0, "softmax memories: inverse temperature of the Hopfield energy")
 
     def __post_init__(self):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, Optional, get_args
+from typing import Literal, Optional
 
 import equinox as eqx
 import jax
@@ -65,10 +65,9 @@ Couplings = Literal["explicit", "input"]
 class FreeEnergyConfig:
     """Options of free-energy attention (the config section `model.free_energy`)."""
 
-    couplings: str = option("explicit", "explicit: learned symmetric J with zero diagonal "
-                            "(needs a fixed number of tokens); input: J(H) = "
-                            "sym(tanh(√D H Q Kᵀ Hᵀ))/√(nD) from the fields",
-                            choices=get_args(Couplings))
+    couplings: Couplings = option("explicit", "explicit: learned symmetric J with zero "
+                                  "diagonal (needs a fixed number of tokens); input: J(H) = "
+                                  "sym(tanh(√D H Q Kᵀ Hᵀ))/√(nD) from the fields")
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     solver: SolverOptions = option(

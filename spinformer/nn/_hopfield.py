@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Literal, Optional
 
 import equinox as eqx
@@ -58,9 +57,8 @@ class HopfieldConfig:
 
     beta: float = option(1.0, "inverse temperature in units of 1/sqrt(D_h) (1: the scale of "
                          "softmax attention; larger: retrieval of single keys)")
-    mode: str = option("fixed_point", "fixed_point: retrieve to the update's fixed point; "
-                       "steps: num_steps updates; one_step: no update (softmax attention)",
-                       choices=typing.get_args(HopfieldMode))
+    mode: HopfieldMode = option("fixed_point", "fixed_point: retrieve to the update's fixed point; "
+                       "steps: num_steps updates; one_step: no update (softmax attention)")
     num_steps: int = option(1, "steps mode: updates of each query's state")
     solver: SolverOptions = option(
         SolverOptions(name="picard", tol=1e-3, max_steps=100),

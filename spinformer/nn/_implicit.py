@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, Optional, get_args
+from typing import Literal, Optional
 
 import equinox as eqx
 import jax
@@ -178,10 +178,9 @@ def gaussian_cavity_variances(J: "Float[Array, 'h n n dh dh'] | FactoredCoupling
 class ImplicitConfig:
     """Options of Deep Implicit Attention (the config section `model.implicit`)."""
 
-    couplings: str = option("explicit", "explicit: learned d×d blocks J_ij per pair of "
+    couplings: Couplings = option("explicit", "explicit: learned d×d blocks J_ij per pair of "
                             "sites (needs a fixed number of sites); softmax: J_ij = "
-                            "softmax(q·k) W amortised from the input",
-                            choices=get_args(Couplings))
+                            "softmax(q·k) W amortised from the input")
     onsager: str = option("mlp", "self-correction f(⟨S_i⟩): mlp (learned), adaptive_tap "
                           "(explicit cavity variances, Gaussian prior) or none (naive mean "
                           "field)", kind="implicit.onsager")

@@ -83,7 +83,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Literal, Optional, Union
 
 import equinox as eqx
@@ -198,22 +197,20 @@ _NORMALIZE = {
 class NeuroGameConfig:
     """Options of NeuroGame attention (the config section `model.neurogame`)."""
 
-    mode: str = option("query", "query: one game per query over its visible tokens (this "
+    mode: Mode = option("query", "query: one game per query over its visible tokens (this "
                        "project's token-mixing extension); pooled: one game per sequence "
-                       "(the paper's layer; every position gets the same output)",
-                       choices=typing.get_args(Mode))
+                       "(the paper's layer; every position gets the same output)")
     estimator: str = option("mc", "game values: mc (unbiased Monte Carlo), exact "
                             "(enumeration, <= 16 tokens), paper (Algorithm 1's "
                             "Gibbs-weighted estimators)", kind="neurogame.estimator")
     train_samples: int = option(15, "Monte Carlo samples K per call in training")
     eval_samples: int = option(25, "Monte Carlo samples K per call in evaluation")
     eval_seed: int = option(0, "seed of the fixed evaluation key (deterministic evaluation)")
-    value_fn: str = option("identity", "f in v(C) = f(|sum of the coalition's values|)",
-                           choices=typing.get_args(ValueFn))
+    value_fn: ValueFn = option("identity", "f in v(C) = f(|sum of the coalition's values|)")
     gamma: float = option(0.25, "initial temperature gamma of every head")
     learn_gamma: bool = option(True, "learn each head's temperature (log-parameterised)")
-    gate: str = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
-                       "banzhaf (lambda = 0)", choices=typing.get_args(Gate))
+    gate: Gate = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
+                       "banzhaf (lambda = 0)")
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
     solver: SolverOptions = option(
         SolverOptions(name="picard", tol=1e-4, max_steps=100),
@@ -224,9 +221,8 @@ class NeuroGameConfig:
         AdjointOptions(tol=1e-4),
         "gradients through the mean field: implicit (an Anderson backward solve) or "
         "unrolled (backpropagation through the iterations, as the paper's code)")
-    normalize: str = option("players", "output normalisation: players (divide by the number "
-                            "of players), sum (by the sum of alpha), none (the paper's)",
-                            choices=typing.get_args(Normalize))
+    normalize: Normalize = option("players", "output normalisation: players (divide by the number "
+                            "of players), sum (by the sum of alpha), none (the paper's)")
 
     def __post_init__(self):
         if not (self.train_samples >= 2 and self.eval_samples >= 2):

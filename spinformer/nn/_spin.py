@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Literal, Optional, Union
 
 import equinox as eqx
@@ -182,12 +181,12 @@ class SpinConfig:
                          "better than 1; see experiments/results/spin_lm)")
     update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
                          "order, with Onsager/feed-forward corrections)", kind="spin.update")
-    mode: str = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
-                       "num_steps time steps", choices=typing.get_args(Mode))
+    mode: Mode = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
+                       "num_steps time steps")
     num_steps: int = option(2, "steps mode: number of time steps K")
-    init: str = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
+    init: Init = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
-                       "caller)", choices=typing.get_args(Init))
+                       "caller)")
     solver: SolverOptions = option(
         SolverOptions(name="anderson", tol=1e-3, max_steps=30),
         "the solver of the steady state and of the TAP step")
@@ -203,10 +202,9 @@ class SpinConfig:
                                     "\"Spin-Model Transformers\"); false keeps the magnitudes")
     learn_beta: bool = option(False, "learn one inverse temperature per head, "
                               "beta_h = beta * exp(a_h), a_h initialised at 0")
-    output: str = option("magnetization", "what the layer returns: magnetization (m) or "
-                         "response (m - phi(x): the part of m the couplings cause; the block's "
-                         "residual already carries the input)",
-                         choices=typing.get_args(Output))
+    output: Output = option("magnetization", "what the layer returns: magnetization (m) or "
+                            "response (m - phi(x): the part of m the couplings cause; the "
+                            "block's residual already carries the input)")
     coupling_scale: float = option(1.0, "coupling strength c: J = c * softmax(q k^T / "
                                    "sqrt(D_h)) (rows sum to c instead of 1)")
 
