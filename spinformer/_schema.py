@@ -221,7 +221,8 @@ class _Named:
             raise
         except ValueError as e:
             key = re.match(r"\w+\((\w+)=", str(e))
-            raise ConfigError(f"{key.group(1)}: {e}" if key else str(e)) from None
+            lead = f"{key.group(1)}={getattr(self, key.group(1), None)!r}: " if key else ""
+            raise ConfigError(lead + str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,9 +268,10 @@ class SolverOptions(_Named):
             raise ConfigError(f"unroll: set to true, but the solver {self.name!r} does not "
                               "use it (it always runs a while loop; unroll=true fits picard "
                               "and anderson).")
-        values = dict(tol=self.tol, max_steps=self.max_steps, precision=self.precision,
-                      damping=self.damping, history=self.history, unroll=self.unroll or None)
-        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+        values = dict(tol=self.tol, max_steps=self.max_steps, damping=self.damping,
+                      history=self.history, unroll=self.unroll or None)
+        return cls(precision=self.precision,  # None is a value: the caller's precision
+                   **{k: v for k, v in values.items() if k in names and v is not None})
 
 
 _LINEAR = {"anderson": lambda o: solvers.Anderson(history=o.restart, safeguard=False),

@@ -8,6 +8,7 @@ import pytest
 
 from spinformer import cli
 from spinformer import config as C
+from spinformer import nn
 
 ROOT = pathlib.Path(__file__).parents[1]
 CONFIGS = (sorted((ROOT / "configs").glob("*.yaml"))
@@ -30,6 +31,8 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
         sets["model.spin.num_steps"] = min(cfg.model.spin.num_steps, 2)
     if cfg.data.task in ("nli", "snli"):  # sentence pairs need their length
         sets["data.seq_len"] = cfg.data.seq_len
+    head = nn.pool_attention(cfg.model.pool)  # the NeuroGame pooled head reads its section
+    if cfg.model.attention == "neurogame" or (head is not None and head.name == "neurogame"):
         sets["model.neurogame.train_samples"] = 3
         sets["model.neurogame.eval_samples"] = 3
     if cfg.data.task == "snli":
