@@ -1,8 +1,12 @@
-"""Every option object of the attention families and models, in one namespace.
+"""The algorithm choices of the attention families, in one namespace.
 
-Options that select behaviour are frozen dataclasses registered under a kind and a name
-(`spinformer._choices`); a config names them (`model.spin.update: tap`), Python passes the
-object or the name (`SpinAttention(64, 4, update=options.TAPUpdate())`). The kinds:
+A choice that carries an algorithm (an update rule, an inference method, an estimator, an
+Onsager term, an objective) is a frozen dataclass registered under a kind and a name in the
+one name table (`spinformer._schema`); it receives arrays, not the module that holds it. A
+config names it (`model.spin.update: tap`), Python passes the object or the name
+(`SpinAttention(64, 4, update=options.TAPUpdate())`). Choices that only switch a term or a
+readout are `Literal` fields of the modules instead (`SpinAttention(mode="steps")`). The
+kinds:
 
 - `spin.update`: `MeanFieldUpdate` (`mean_field`), `TAPUpdate` (`tap`).
 - `boltzmann.inference`: `ExactInference`, `MeanFieldInference`, `TAPInference`, `Gibbs`,
