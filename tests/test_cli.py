@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import spinformer._schema
 from spinformer import cli
 from spinformer import config as C
 from spinformer import nn
@@ -240,7 +241,7 @@ def _forget(name, module):
     from spinformer import nn
 
     if name in nn.attention_names():
-        nn.unregister_attention(name)
+        spinformer._schema.unregister_attention(name)
     sys.modules.pop(module, None)
 
 

@@ -63,8 +63,8 @@ def test_sections_come_from_the_registry():
     from spinformer import nn
 
     keys = C.keys(C.ModelConfig)
-    assert keys["attention"].choices == nn.ATTENTIONS
-    assert keys["attention"].default == nn.default_attention() == "spin"
+    assert keys["attention"].choices == nn.attention_names()
+    assert keys["attention"].default == spinformer._schema.default_attention() == "spin"
     assert "spin" in keys and "boltzmann" in keys and "softmax" not in keys
     assert "sections" not in keys and "sections" not in C.to_dict(C.load_config())["model"]
     assert not hasattr(C.ModelConfig, "attention_kwargs")
@@ -97,7 +97,7 @@ def test_model_config_is_never_stale():
         assert "model.late.width = 3" in C.describe()
         assert C.from_dict(C.to_dict(cfg)) == cfg
     finally:
-        nn.unregister_attention("late")
+        spinformer._schema.unregister_attention("late")
     with pytest.raises(C.ConfigError, match="unknown config key 'model.late'"):
         C.load_config(None, ["model.late.width=5"])
     with pytest.raises(C.ConfigError, match="not one of"):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import spinformer._schema
 from spinformer import config as C
 from spinformer import nn, solvers, train
 from spinformer._schema import option
@@ -387,11 +388,11 @@ def gain_attention():
     nn.register_attention("gain", config=GainConfig, help="a toy", takes_max_len=True,
                           min_head_dim=4)(GainAttention)
     yield
-    nn.unregister_attention("gain")
+    spinformer._schema.unregister_attention("gain")
 
 
 def test_registered_attention_from_yaml(gain_attention, tmp_path):
-    assert nn.ATTENTIONS[-1] == "gain" and nn.get_attention("gain").cls is GainAttention
+    assert nn.attention_names()[-1] == "gain" and nn.get_attention("gain").cls is GainAttention
     p = tmp_path / "gain.yaml"
     p.write_text("description: toy\nmodel:\n  attention: gain\n  num_heads: 2\n  dim: 8\n"
                  "  gain:\n    gain: 3.0\ndata:\n  seq_len: 6\n")
@@ -419,10 +420,10 @@ def test_registry_errors(gain_attention):
         nn.register_attention("other", config=GainConfig)(nn.SoftmaxAttention)
     with pytest.raises(TypeError, match="frozen dataclass"):
         nn.register_attention("other", config=dict)
-    assert "other" not in nn.ATTENTIONS and "gain" in C.keys(C.ModelConfig)
+    assert "other" not in nn.attention_names() and "gain" in C.keys(C.ModelConfig)
 
 
-@pytest.mark.parametrize("name", nn.ATTENTIONS)
+@pytest.mark.parametrize("name", nn.attention_names())
 def test_default_config_builds_the_default_module(name):
     """One source of defaults: for every registered attention, the module built from a
     default config section equals the module its constructor builds with no options (so the

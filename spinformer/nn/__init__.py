@@ -59,12 +59,9 @@ from ._pair import PairDiagnostics as PairDiagnostics
 from ._pair import pool_attention as pool_attention
 from ._reconstruct import PatchReconstructor as PatchReconstructor
 from . import options as options
-from .._schema import Registration as Registration
 from .._schema import attention_names as attention_names
-from .._schema import default_attention as default_attention
 from .._schema import get_attention as get_attention
 from .._schema import register_attention as register_attention
-from .._schema import unregister_attention as unregister_attention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import SpinAttention as SpinAttention
 from ._spin import SpinConfig as SpinConfig
@@ -75,14 +72,7 @@ from ._transformer import Tagger as Tagger
 from ._transformer import Transformer as Transformer
 
 
-def __getattr__(name):
-    if name == "ATTENTIONS":  # the registered names, read when asked (registration may follow)
-        return attention_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "ATTENTIONS",
     "AttractorNetwork",
     "Block",
     "BoltzmannAttention",
@@ -111,7 +101,6 @@ __all__ = [
     "PairDiagnostics",
     "PatchReconstructor",
     "PixelSpinEmbedding",
-    "Registration",
     "SequenceModel",
     "SoftmaxAttention",
     "SpinAttention",
@@ -120,7 +109,6 @@ __all__ = [
     "Tagger",
     "Transformer",
     "attention_names",
-    "default_attention",
     "attractor_sgd_step",
     "causal_mask",
     "decode_init",
@@ -136,6 +124,5 @@ __all__ = [
     "prefill",
     "register_attention",
     "steady_state_analysis",
-    "unregister_attention",
     "with_solver",
 ]
