@@ -99,9 +99,12 @@ def config_for(variant: str, seed: int, quick: bool, steps=None):
         changes.update({"train.steps": 4, "train.eval_every": 2, "train.log_every": 1,
                         "train.warmup_steps": 1, "data.batch_size": 4, "data.eval_batches": 1,
                         "model.dim": 16, "model.num_heads": 2, "model.ffn_hidden": 16,
-                        "model.depth": 1, "model.neurogame.train_samples": 3,
-                        "model.neurogame.eval_samples": 3})
-    return cfg.replace(changes)
+                        "model.depth": 1})
+    cfg = cfg.replace(changes)
+    if quick and cfg.model.section("neurogame") is not None:  # NGT attention or its head
+        cfg = cfg.replace({"model.neurogame.train_samples": 3,
+                           "model.neurogame.eval_samples": 3})
+    return cfg
 
 
 def usable(variant: str, cfg) -> bool:
