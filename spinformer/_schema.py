@@ -395,6 +395,7 @@ def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
 # build attention weights from queries and keys.
 COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
 
+
 @dataclasses.dataclass(frozen=True)
 class Registration:
     """What a registered attention declares.
