@@ -133,6 +133,15 @@ def register_choice(kind: str, name: str) -> Callable[[type], type]:
     return decorate
 
 
+def did_you_mean(value: Any, options, *, n: int = 1, cutoff: float = 0.6,
+                 prefix: str = "") -> str:
+    """`" Did you mean 'x'?"` for the options nearest `value` (up to `n`, `prefix` put before
+    each), or `""`: the one hint every refusal of a name gives."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=n,
+                                      cutoff=cutoff)
+    return f" Did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
+
+
 def choice_names(kind: str) -> tuple[str, ...]:
     """The registered names of a kind, in registration order."""
     return tuple(_TABLE.get(kind, {}))
@@ -147,9 +156,8 @@ def choice_class(kind: str, name: str, *, where: Optional[str] = None) -> type:
         raise KeyError(f"nothing of kind {kind!r} is registered.")
     if name in table:
         return table[name]
-    close = difflib.get_close_matches(str(name), list(table), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"{where or kind}={name!r} is not one of {list(table)}.{hint}")
+    raise ConfigError(f"{where or kind}={name!r} is not one of {list(table)}."
+                      f"{did_you_mean(name, table)}")
 
 
 def choice(kind: str, value: Any, *, where: Optional[str] = None) -> Any:

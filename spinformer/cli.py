@@ -53,15 +53,13 @@ def find_config(name: str) -> pathlib.Path:
     for cand in (configs_dir() / name, configs_dir() / f"{name}.yaml"):
         if cand.exists():
             return cand
-    import difflib
-
+    from ._schema import did_you_mean
     from .config import ConfigError
 
     names = [n for n, _ in list_configs()] if configs_dir().is_dir() else []
     if not names:
         raise ConfigError(f"config {name!r} not found; {_no_configs_note(configs_dir())}")
-    near = difflib.get_close_matches(pathlib.Path(name).stem, names, n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    hint = did_you_mean(pathlib.Path(name).stem, names, n=3)
     raise ConfigError(f"config {name!r} not found.{hint} `spinformer list` shows the shipped "
                       "configs.")
 

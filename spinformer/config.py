@@ -22,7 +22,6 @@ and the tests use.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import pathlib
 import types
@@ -517,8 +516,7 @@ def _coerce(value, tp, where: str):
 
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     full = prefix + key
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f" Did you mean {prefix + close[0]!r}?" if close else ""
+    hint = _schema.did_you_mean(key, valid, cutoff=0.5, prefix=prefix)
     return ConfigError(
         f"unknown config key {full!r}.{hint} Valid keys here: {', '.join(prefix + v for v in valid)}."
     )
@@ -552,9 +550,8 @@ def _from_dict(raw: Optional[dict], cls, prefix: str = "", *, base=None):
         v = _coerce(value, k.type, where)
         choices = k.choices
         if choices is not None and v not in choices:
-            close = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}: {v!r} is not one of {list(choices)}.{hint}")
+            raise ConfigError(f"{where}: {v!r} is not one of {list(choices)}."
+                              f"{_schema.did_you_mean(v, choices)}")
         kwargs[key] = v
     if sections:
         kwargs["sections"] = sections

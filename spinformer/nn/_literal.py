@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import typing
 from typing import Any
+
+from .._schema import did_you_mean
 
 
 def check_literal(where: str, arg: str, value: Any, alias: Any) -> str:
@@ -13,6 +14,5 @@ def check_literal(where: str, arg: str, value: Any, alias: Any) -> str:
     allowed = typing.get_args(alias)
     if isinstance(value, str) and value in allowed:
         return value
-    close = difflib.get_close_matches(str(value), list(allowed), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{where}: {arg}={value!r} is not one of {list(allowed)}.{hint}")
+    raise ValueError(f"{where}: {arg}={value!r} is not one of {list(allowed)}."
+                     f"{did_you_mean(value, allowed)}")
