@@ -60,8 +60,6 @@ def test_replace_takes_typed_values():
 
 
 def test_sections_come_from_the_registry():
-    from spinformer import nn
-
     keys = C.keys(C.ModelConfig)
     assert keys["attention"].choices == nn.attention_names()
     assert keys["attention"].default == spinformer._schema.default_attention() == "spin"
@@ -75,7 +73,6 @@ def test_model_config_is_never_stale():
     sections are read from the registry when a config is made, not when the module is."""
     import equinox as eqx
 
-    from spinformer import nn
     from spinformer.config import ModelConfig
 
     @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,4 @@
 import dataclasses
-import re
 
 import equinox as eqx
 import jax
