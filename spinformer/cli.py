@@ -164,8 +164,8 @@ class _SignalEcho:
 
 def _cmd_run(args) -> int:
     from .config import load_config
-    from .train import (TrainingInterrupted, initialize_distributed, is_writer, run,
-                         skipped_steps_note)
+    from .train import TrainingInterrupted, initialize_distributed, is_writer, run
+    from .train._loop import skipped_steps_note
 
     from .train._experiment import import_run_modules
 
@@ -338,7 +338,8 @@ def _fashion_mnist_status() -> tuple[bool, str]:
 
 
 def _cmd_data(args) -> int:
-    from .data import FETCHABLE, fetch
+    from .data import fetch
+    from .data._text import FETCHABLE
 
     if args.action == "fetch":
         if args.name.replace("_", "-") == "fashion-mnist":  # a system package, not a download

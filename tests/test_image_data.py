@@ -443,7 +443,7 @@ def test_real_fashion_mnist():
     assert np.bincount(a["train_labels"]).tolist() == [6000] * 10
     assert np.bincount(a["test_labels"]).tolist() == [1000] * 10
     assert a["train_labels"][0] == 9 and a["test_labels"][0] == 9
-    assert data.FASHION_MNIST_CLASSES[9] == "Ankle boot"
+    assert _mnist.FASHION_MNIST_CLASSES[9] == "Ankle boot"
     m, s = _images._pixel_stats(a["train_images"], 255.0)
     assert round(m, 4) == 0.2860 and round(s, 4) == 0.3530
     ds = data.ImageDataset.fashion_mnist(batch_size=64, seed=0)

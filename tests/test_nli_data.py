@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spinformer import data
-from spinformer.data import _logic, _nli, _pairs
+from spinformer.data import _logic, _nli, _pairs, _snli
 
 SAMPLE = pathlib.Path(__file__).parent / "data" / "nli_sample.jsonl"
 E, N, C = 0, 1, 2
@@ -343,7 +343,7 @@ def test_malformed_lines_name_file_line_and_fields(tmp_path, line, match):
     good = json.dumps({"sentence1": "a b", "sentence2": "b", "gold_label": "neutral"})
     bad.write_text(good + "\n" + line + "\n" + good + "\n")
     with pytest.raises(ValueError, match=match):
-        data.read_jsonl(bad)
+        _snli.read_jsonl(bad)
     with pytest.raises(ValueError, match=match):
         data.NLIFile.from_path(bad)
 

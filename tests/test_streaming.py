@@ -12,7 +12,7 @@ import pytest
 
 from spinformer import config as C
 from spinformer import data, nn, train
-from spinformer.train import _loop
+from spinformer.train import _figures, _loop
 
 ROOT = pathlib.Path(__file__).parents[1]
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 40
@@ -334,7 +334,7 @@ def test_stream_run_resumes_bit_identically_with_per_layer_metrics(tmp_path, tex
 def test_per_layer_figures_only_for_logged_metrics(tmp_path):
     recs = [{"step": s, "split": "train", "loss": 1.0, "entropy_production/0": 0.1 * s}
             for s in (1, 2)]
-    assert (tmp_path / "entropy_production.png") in train.plot_run(recs, tmp_path)
+    assert (tmp_path / "entropy_production.png") in _figures.plot_run(recs, tmp_path)
     assert not (tmp_path / "local_loss.png").exists()
 
 

@@ -300,7 +300,7 @@ def test_solver_steps_figure_draws_counted_backward_products(tmp_path, monkeypat
     recs = [{"step": s, "split": "train", "loss": 1.0, "accuracy": 0.5, "solver_steps/0": 8.0,
              "solver_steps/1": 9.0, "backward_steps/0": 12.0, "backward_steps/1": -1.0}
             for s in (10, 20)]
-    paths = train.plot_run(recs, tmp_path)
+    paths = _figures.plot_run(recs, tmp_path)
     assert (tmp_path / "solver_steps.png") in paths
     drawn = [line.get_label() for fig in figures for ax in fig.axes for line in ax.get_lines()]
     # layer 0 counts its backward products, layer 1's linear solver does not (-1): not drawn
@@ -319,8 +319,8 @@ def test_run_figures_name_the_run_show_percent_and_baselines(tmp_path, monkeypat
     recs = [{"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.30, "bad_steps": 0},
             {"step": 20, "split": "train", "loss": 1.5, "accuracy": 0.50, "bad_steps": 2},
             {"step": 20, "split": "val", "loss": 1.6, "accuracy": 0.45}]
-    train.plot_run(recs, tmp_path, title="my_run", baselines={"chance_accuracy": 0.25,
-                                                              "note": 3.0})
+    _figures.plot_run(recs, tmp_path, title="my_run", baselines={"chance_accuracy": 0.25,
+                                                                 "note": 3.0})
     acc = next(f.axes[0] for f in drawn if f.axes[0].get_ylabel() == "accuracy (%)")
     assert acc.get_title() == "my_run"
     ys = {round(float(y), 6) for line in acc.get_lines() for y in line.get_ydata()}

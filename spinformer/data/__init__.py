@@ -12,61 +12,40 @@ a `DataFileError` (a `ValueError`) whose message names the file, the line for li
 formats, and what is wrong; image files raise its subclass `ImageDataError`.
 """
 
-from ._brackets import VOCAB_SIZE as BRACKET_VOCAB_SIZE
-from ._brackets import BracketMatching, sample_brackets
-from ._corrupt import MASK_MODES, mask_images, noisy_images
+from ._brackets import BracketMatching
+from ._corrupt import mask_images, noisy_images
 from .._patches import patchify, unpatchify
 from ._idx import ImageDataError, ImageDataNotFound, read_idx, write_idx
-from ._images import CORRUPTIONS, ImageDataset, ImageReconstruction
-from ._mnist import DIGITS_CLASSES, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
+from ._images import ImageDataset, ImageReconstruction
+from ._mnist import FASHION_MNIST_DIR
 from ._mnist import find_mnist_files, load_mnist
-from ._logic import Sentence, oracle, parse_sentence
 from ._nli import GeneratedNLI
-from ._pairs import NLI_LABELS, build_vocab, load_vocab, save_vocab, tokenize
-from ._snli import NLIFile, read_jsonl
+from ._pairs import NLI_LABELS, load_vocab
+from ._snli import NLIFile
 from ._protocol import Dataset, DataFileError
-from ._text import FETCHABLE, CharText, cache_dir, dataset_path, fetch, read_text_file
-from ._text import resolve_text_path
+from ._text import CharText, fetch
 
 __all__ = [
-    "BRACKET_VOCAB_SIZE",
     "BracketMatching",
     "CharText",
-    "DIGITS_CLASSES",
     "DataFileError",
     "Dataset",
-    "MASK_MODES",
-    "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_DIR",
-    "FETCHABLE",
     "GeneratedNLI",
     "ImageDataError",
     "ImageDataNotFound",
     "ImageDataset",
     "ImageReconstruction",
-    "CORRUPTIONS",
     "NLIFile",
     "NLI_LABELS",
-    "Sentence",
-    "cache_dir",
-    "dataset_path",
-    "build_vocab",
     "fetch",
     "find_mnist_files",
     "load_mnist",
     "load_vocab",
     "mask_images",
     "noisy_images",
-    "oracle",
-    "parse_sentence",
     "patchify",
     "read_idx",
-    "read_jsonl",
-    "read_text_file",
-    "resolve_text_path",
-    "sample_brackets",
-    "save_vocab",
-    "tokenize",
     "unpatchify",
     "write_idx",
 ]

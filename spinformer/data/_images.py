@@ -215,7 +215,7 @@ class ImageDataset:
                       seed: int = 0, val_size: int = 5000, max_train: Optional[int] = None,
                       normalize: bool = True) -> "ImageDataset":
         """Fashion-MNIST (Xiao, Rasul & Vollgraf 2017): 28×28 grey images of 10 kinds of
-        clothing (`FASHION_MNIST_CLASSES`).
+        clothing (named in `class_names`).
 
         `path`: a directory with the four MNIST-format files; None reads
         `/usr/share/datasets/fashion-mnist` (`apt-get install dataset-fashion-mnist`).

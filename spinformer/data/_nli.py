@@ -120,8 +120,8 @@ class GeneratedNLI:
     reverse is neutral, "a dog runs" / "a cat runs" neutral; "no animal runs" contradicts "a
     dog runs". Word order: "the man pushes the boy" and "the boy pushes the man" are
     independent facts, so swapping the roles gives neutral (whatever the negations), the same
-    roles with one "does not" a contradiction. `oracle` decides any pair of the language
-    by enumerating scenes; the generator's hand-written table agrees with it.
+    roles with one "does not" a contradiction. `data._logic.oracle` decides any pair of the
+    language by enumerating scenes; the generator's hand-written table agrees with it.
 
     **Held out** (`held_out=True`): the training split never contains the nouns fox and
     rabbit, the verbs swim, rest, dance, greet, carry, the adjectives tired, hungry, the

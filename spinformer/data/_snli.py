@@ -165,8 +165,8 @@ class NLIFile:
     - `batch_size`: B.
     - `seed`: the training order; batch `i` of split `s` depends only on `(seed, s, i)`.
     - `max_vocab`, `min_count`: the vocabulary, built on the training split only (see
-      `build_vocab`: at most `max_vocab` entries, special tokens included; rarer words and
-      words seen fewer than `min_count` times become `[UNK]`).
+      `data._pairs.build_vocab`: at most `max_vocab` entries, special tokens included; rarer
+      words and words seen fewer than `min_count` times become `[UNK]`).
     - `vocab`: a vocabulary to reuse instead: words by id (`load_vocab`), or the path of a
       vocab.json.
     - `dropped`: `{split: count}` of examples dropped while reading (reported only).

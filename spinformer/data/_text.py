@@ -195,7 +195,7 @@ class CharText:
 
     @classmethod
     def from_path(cls, path: Union[str, os.PathLike], **kwargs) -> "CharText":
-        """The text of a UTF-8 file, or of a fetched dataset's name (`resolve_text_path`).
+        """The text of a UTF-8 file, or of a fetched dataset's name (`fetch`).
 
         A missing file is a `FileNotFoundError` saying how to get it; a file that is a
         directory, cannot be read, is empty, is not UTF-8 text (the offset and line of the

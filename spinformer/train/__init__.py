@@ -18,17 +18,14 @@ from ._experiment import (
     build_model,
     build_objective,
     build_optimizer,
-    check_run_dir,
     load_run,
     run,
 )
-from ._figures import plot_run, plot_runs
-from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics, skipped_steps_note
+from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._objective import Objective, evaluate, init_stream_state, loss_fn
-from ._optim import init_opt_state, make_optimizer, make_schedule, num_params, params_of
-from ._precision import mixed_precision
+from ._optim import make_optimizer, make_schedule, num_params
 from ._state import RunState
 from ._step import jit_step, make_step
 
@@ -38,13 +35,11 @@ __all__ = [
     "RunDirError",
     "RunState",
     "StopSignals",
-    "check_run_dir",
     "diagnose",
     "TrainingInterrupted",
     "initialize_distributed",
     "is_writer",
     "make_mesh",
-    "mixed_precision",
     "build_dataset",
     "build_model",
     "build_objective",
@@ -52,7 +47,6 @@ __all__ = [
     "evaluate",
     "fit",
     "diagnostics_table",
-    "init_opt_state",
     "init_stream_state",
     "jit_step",
     "list_checkpoints",
@@ -63,12 +57,8 @@ __all__ = [
     "make_schedule",
     "make_step",
     "num_params",
-    "params_of",
-    "plot_run",
-    "plot_runs",
     "read_checkpoint",
     "read_metrics",
-    "skipped_steps_note",
     "report",
     "run",
     "save_checkpoint",

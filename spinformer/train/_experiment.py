@@ -503,8 +503,8 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         imports: Sequence[str] = ()):
     """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
 
-    The run directory is checked first (`check_run_dir`): without `resume` it must not hold
-    another run, and it must be writable. The resolved config is saved as
+    The run directory is checked first (`train._experiment.check_run_dir`): without `resume`
+    it must not hold another run, and it must be writable. The resolved config is saved as
     `out_dir/config.yaml`. With `resume=True` the saved config must match `cfg` (apart from
     `train.progress`, `description`, `train.mesh` and a larger `train.steps`), and training
     continues from the newest intact checkpoint; a run that is already finished (its

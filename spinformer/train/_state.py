@@ -26,8 +26,8 @@ class RunState(eqx.Module):
     **Fields:**
 
     - `model`: the Equinox model (parameters and static structure).
-    - `opt_state`: the optimizer's state (`init_opt_state(optimizer, model)`; None for a
-      model trained without an optax optimizer).
+    - `opt_state`: the optimizer's state (`optimizer.init` on the model's trainable leaves;
+      None for a model trained without an optax optimizer).
     - `stream`: `(B, ...)`, the state each of the B parallel streams of a streaming run
       (`fit(stream=True)`, `data.stream: true`) starts its next chunk from (the model's
       `diagnostics.state` of the previous step; `init_stream_state` at the start); None for
@@ -48,9 +48,9 @@ class RunState(eqx.Module):
 
     @classmethod
     def init(cls, model, optimizer, *, stream: Optional[Array] = None) -> "RunState":
-        """The state before the first step: `init_opt_state(optimizer, model)` (None if
-        `optimizer` is None), the carried `stream` state `(B, ...)` of a streaming run (None
-        otherwise), step 0."""
+        """The state before the first step: `optimizer.init` on the model's trainable leaves
+        (None if `optimizer` is None), the carried `stream` state `(B, ...)` of a streaming run
+        (None otherwise), step 0."""
         opt_state = None if optimizer is None else init_opt_state(optimizer, model)
         return cls(model, opt_state, stream, step=0)
 

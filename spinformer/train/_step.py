@@ -133,7 +133,7 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
     - `accumulate`: with k > 1 every batch array carries a leading micro-batch axis
       `(k, B, ...)`; the step averages the k losses, metrics and gradients (one `lax.scan`)
       and makes one update, as a batch of k·B would (up to the masks' weighting).
-    - `precision`: `"float32"` or `"bfloat16"` (see `mixed_precision`).
+    - `precision`: `"float32"` or `"bfloat16"` (see `train._precision.mixed_precision`).
     - `mesh`: the `Mesh` the state lives on (`train._mesh.place_state`); the returned model,
       optimiser state and step are constrained to the same layout, the stream state to the
       batch's. None: whatever the inputs have.
