@@ -435,8 +435,8 @@ def cmd_report(args):
 
 
 def _with_inference(cfg, dataset, trained, inference, **extra):
-    cfg2 = cfg.replace({"model.boltzmann.inference": inference,
-                        **{f"model.boltzmann.{k}": v for k, v in extra.items()}})
+    """The trained model with another inference: `inference` a name, `extra` its fields."""
+    cfg2 = cfg.replace({"model.boltzmann.inference": {"name": inference, **extra}})
     fresh = sf.train.build_model(cfg2, dataset, key=jax.random.key(0))
     leaves = jax.tree_util.tree_leaves(eqx.filter(trained, eqx.is_array))
     arrays, static = eqx.partition(fresh, eqx.is_array)
@@ -464,7 +464,7 @@ def cmd_approx(args):
         "gibbs": ("gibbs", dict(num_samples=ns, burn_in=64)),
         "parallel_tempering": ("parallel_tempering", dict(num_samples=ns, burn_in=64)),
         "dqa": ("dqa", dict(num_samples=ns)),
-        **{f"dqa τ={tau:g}": ("dqa", dict(num_samples=ns, dqa_time=tau)) for tau in taus},
+        **{f"dqa τ={tau:g}": ("dqa", dict(num_samples=ns, total_time=tau)) for tau in taus},
     }
     results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)

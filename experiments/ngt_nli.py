@@ -109,7 +109,7 @@ def config_for(variant: str, seed: int, quick: bool, steps=None):
 
 def usable(variant: str, cfg) -> bool:
     """Exact values enumerate 2^(slots) coalitions: only for sequences of <= 16 slots."""
-    exact = cfg.model.pool == "ngt" and cfg.model.neurogame.estimator == "exact"
+    exact = cfg.model.pool == "ngt" and str(cfg.model.neurogame.estimator) == "exact"
     return not exact or cfg.data.seq_len <= sf.spins.coalitions.MAX_EXACT
 
 

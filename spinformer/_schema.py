@@ -7,9 +7,10 @@
   `"attention"`, `"solver"`, `"spin.update"`), and `choice(kind, value)` turns the word into
   an object (one lookup, one "did you mean"). A plugin adds its entry with the same
   decorator. Below the config, modules take objects.
-- `SolverOptions`, `AdjointOptions`: the YAML sections `solver` and `adjoint` of a family,
-  turned into solver and adjoint objects by `build()` (the reusable `solvers` package knows
-  nothing of YAML).
+- A field declared with `option(obj, help, kind=...)` holds an object of that kind (a
+  solver, an adjoint, an update rule): a config writes its name, or its name and the
+  fields of its class (`solver: {name: picard, damping: 0.3}`), and reading the config
+  builds the object (`spinformer.config`).
 - `register_attention(name, config=...)`: an attention module and its config section, the
   `"attention"` entries of the same table:
 
@@ -17,14 +18,14 @@
 @dataclasses.dataclass(frozen=True)
 class HopfieldConfig:
     beta: float = option(1.0, "inverse temperature")
-    solver: SolverOptions = option(SolverOptions(name="picard"), "retrieval")
+    solver: solvers.AbstractSolver = option(solvers.Picard(), "retrieval", kind="solver")
 
 _DEFAULTS = HopfieldConfig()
 
 @register_attention("hopfield", config=HopfieldConfig, help="modern Hopfield retrieval")
 class HopfieldAttention(eqx.Module):
     def __init__(self, dim, num_heads=1, causal=False, *, beta=_DEFAULTS.beta,
-                 solver=_DEFAULTS.solver.build(), key):
+                 solver=_DEFAULTS.solver, key):
         ...
 ```
 
@@ -40,15 +41,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import re
 from typing import Any, Callable, ClassVar, Optional, Union
 
 from . import solvers
 
-__all__ = ["AdjointOptions", "Choice", "ConfigError", "Registration", "SolverOptions",
-           "attention_names", "check_options", "choice", "choice_names", "default_attention",
-           "get_attention", "option", "register_attention", "register_choice",
-           "registrations", "section_kwargs", "unregister_attention"]
+__all__ = ["Choice", "ConfigError", "Registration", "attention_names", "check_solvers",
+           "choice", "choice_names", "default_attention", "get_attention", "kinds_of",
+           "name_of", "option", "register_attention", "register_choice", "registrations",
+           "unregister_attention"]
 
 
 class ConfigError(ValueError):
@@ -71,9 +71,9 @@ def option(
     - `help`: one line saying what the field means (`spinformer.config.describe` prints it).
     - `choices`: the allowed values, if the field is an enumeration (a tuple, or a function
       returning one when the values are registered at run time).
-    - `kind`: the field names a registered class of this kind (`register_choice`): its
-      allowed values are the registered names, and reading the config builds the object
-      (`nn.section_kwargs`).
+    - `kind`: the field holds an object of a class registered under this kind
+      (`register_choice`): a config gives its name, or a mapping of its name and fields, and
+      reading the config builds the object.
 
     **Returns:** a `dataclasses.field`.
     """
@@ -177,227 +177,54 @@ def choice(kind: str, value: Any, *, where: Optional[str] = None) -> Any:
                     f"{value!r}.")
 
 
-# ----------------------------------------------------------- solvers and adjoints as YAML
+# -------------------------------------------------- the solvers' config words (kind: class)
 
-for _name, _cls in (("anderson", solvers.Anderson), ("picard", solvers.Picard),
-                    ("broyden", solvers.Broyden), ("newton", solvers.Newton),
-                    ("jaxopt_anderson", solvers.JaxoptAnderson),
-                    ("reversible", solvers.Reversible)):
-    register_choice("solver", _name)(_cls)
-for _name, _cls in (("implicit", solvers.Implicit), ("unrolled", solvers.Unrolled),
-                    ("phantom", solvers.Phantom), ("onestep", solvers.OneStep),
-                    ("reversible", solvers.ReversibleAdjoint)):
-    register_choice("adjoint", _name)(_cls)
-del _name, _cls
-
-# adjoints that differentiate fixed points only (every other registered adjoint also
-# differentiates roots)
-_FIXED_POINT_ADJOINTS = (solvers.Phantom, solvers.OneStep, solvers.ReversibleAdjoint)
-
-
-def _fits(kind: str, cls: type, root: bool) -> bool:
-    if not root:
-        return True
-    if kind == "solver":
-        return issubclass(cls, solvers.AbstractRootFinder)
-    return not issubclass(cls, _FIXED_POINT_ADJOINTS)
+for _kind, _names in (
+        ("solver", dict(anderson=solvers.Anderson, picard=solvers.Picard,
+                        broyden=solvers.Broyden, newton=solvers.Newton,
+                        jaxopt_anderson=solvers.JaxoptAnderson, reversible=solvers.Reversible)),
+        ("adjoint", dict(implicit=solvers.Implicit, unrolled=solvers.Unrolled,
+                         phantom=solvers.Phantom, onestep=solvers.OneStep,
+                         reversible=solvers.ReversibleAdjoint)),
+        ("linear_solver", dict(anderson=solvers.Anderson, picard=solvers.Picard,
+                               gmres=solvers.GMRES, bicgstab=solvers.BiCGStab,
+                               dense=solvers.Dense, auto=solvers.Auto))):
+    for _name, _cls in _names.items():
+        register_choice(_kind, _name)(_cls)
+del _kind, _names, _name, _cls
 
 
-def _field_default(cls, name):
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+def kinds_of(cls: type) -> tuple[str, ...]:
+    """The kinds under which class `cls` is registered."""
+    return tuple(k for k, table in _TABLE.items() if cls in table.values())
 
 
-class _Named:
-    """What the two sections share: a registered `name` that must fit the problem."""
-
-    _KIND: ClassVar[str]
-
-    def _class(self, root: bool) -> type:
-        cls = choice_class(self._KIND, self.name, where="name")
-        if not _fits(self._KIND, cls, root):
-            fits = [n for n, c in _TABLE[self._KIND].items() if _fits(self._KIND, c, True)]
-            raise ConfigError(f"name: {self.name!r} does not fit this problem (a root, not a "
-                              f"fixed point); the {self._KIND}s that fit: {fits}.")
-        return cls
-
-    def __post_init__(self):
-        # the object's own class checks the values (one check each, where they are owned);
-        # its message names the argument, `Cls(tol=0.0) must be ...`: the key leads
-        try:
-            self.build()
-        except ConfigError:
-            raise
-        except ValueError as e:
-            key = re.match(r"\w+\((\w+)=", str(e))
-            lead = f"{key.group(1)}={getattr(self, key.group(1), None)!r}: " if key else ""
-            raise ConfigError(lead + str(e)) from None
+def name_of(kind: str, obj: Any) -> str:
+    """The config word of object `obj` of `kind` (its class's registered name); a
+    `ConfigError` if its class is not registered (a config cannot name it)."""
+    for name, cls in _TABLE.get(kind, {}).items():
+        if type(obj) is cls:
+            return name
+    raise ConfigError(f"{type(obj).__name__} is not registered as a {kind}; a config names "
+                      f"only registered classes (register_choice({kind!r}, name)).")
 
 
-@dataclasses.dataclass(frozen=True)
-class SolverOptions(_Named):
-    """A solver as config keys (the section `solver` of an attention family).
-
-    **Fields:** `name` (a registered solver: `anderson`, `picard`, `broyden`, `newton`,
-    `jaxopt_anderson`, `reversible`, ...), its stopping rule `tol` (on the max-norm
-    residual) and `max_steps`, and the options some solvers take: `damping` (picard,
-    anderson, newton, reversible: the fraction of the old iterate kept), `history`
-    (anderson: residuals kept; broyden: rank-one updates kept before a restart), `unroll`
-    (picard, anderson: exactly `max_steps` iterations without a while loop) and `precision`
-    (the solve's matrix-product precision; see `solvers.AbstractSolver`).
-    """
-
-    _KIND = "solver"
-
-    name: str = option("anderson", "the solver (anderson, picard, broyden, newton, "
-                       "jaxopt_anderson, reversible; root problems: the root finders)",
-                       kind="solver")
-    tol: float = option(_field_default(solvers.Anderson, "tol"),
-                        "stop when the max-norm residual is <= tol")
-    max_steps: int = option(_field_default(solvers.Anderson, "max_steps"), "most iterations")
-    damping: Optional[float] = option(None, "picard, anderson, newton, reversible: fraction "
-                                      "of the old iterate kept (null: the solver's default)")
-    history: Optional[int] = option(None, "anderson: residuals kept (null: its default); "
-                                    "broyden: updates kept before a restart (null: a dense "
-                                    "estimate)")
-    unroll: bool = option(False, "picard, anderson: run exactly max_steps iterations as "
-                          "straight-line code, no while loop (small solves on a GPU); the "
-                          "residual is checked once, at the end")
-    precision: Optional[str] = option("highest", "matrix-product precision of the solve "
-                                      "(jax.default_matmul_precision): highest makes float32 "
-                                      "products float32 on GPUs too, whose default TF32 "
-                                      "rounding stalls tight tolerances; null: the caller's "
-                                      "setting", choices=(*solvers._solvers.PRECISIONS, None))
-
-    def build(self, *, root: bool = False) -> solvers.AbstractSolver:
-        """The solver object (`root=True`: refuse a fixed-point-only solver)."""
-        cls = self._class(root)
-        names = {f.name for f in dataclasses.fields(cls)}
-        if self.unroll and "unroll" not in names:
-            raise ConfigError(f"unroll: set to true, but the solver {self.name!r} does not "
-                              "use it (it always runs a while loop; unroll=true fits picard "
-                              "and anderson).")
-        values = dict(tol=self.tol, max_steps=self.max_steps, damping=self.damping,
-                      history=self.history, unroll=self.unroll or None)
-        return cls(precision=self.precision,  # None is a value: the caller's precision
-                   **{k: v for k, v in values.items() if k in names and v is not None})
-
-
-_LINEAR = {"anderson": lambda o: solvers.Anderson(history=o.restart, safeguard=False),
-           "picard": lambda o: solvers.Picard(),
-           "gmres": lambda o: solvers.GMRES(restart=o.restart),
-           "bicgstab": lambda o: solvers.BiCGStab(),
-           "dense": lambda o: solvers.Dense(),
-           "auto": lambda o: solvers.Auto()}
-_FALLBACK = {"auto": solvers.Auto, "dense": solvers.Dense,
-             "gmres": lambda: solvers.GMRES(restart=50), "none": lambda: None}
-
-
-@dataclasses.dataclass(frozen=True)
-class AdjointOptions(_Named):
-    """An adjoint as config keys (the section `adjoint` of an attention family).
-
-    **Fields:** `name` (a registered adjoint: `implicit`, `unrolled`, `phantom`, `onestep`,
-    `reversible` (with the solver `reversible` only), ...); for `implicit` the backward
-    `linear_solver` (`anderson` or `picard` on the Richardson map, `gmres`, `bicgstab`,
-    `dense`: the matrix formed and solved directly, `auto`: dense up to 512 unknowns, else
-    GMRES(50)), its relative `tol`, its `max_steps` (matrix–vector products) and `restart`
-    (the GMRES Krylov size or the Anderson history), and the `fallback` tried when that
-    solve misses its tolerance (`auto`, `dense`, `gmres` with a 50-vector basis, `none`);
-    for `phantom` its `steps` and `damping`.
-    """
-
-    _KIND = "adjoint"
-
-    name: str = option("implicit", "how gradients flow through the solution (implicit, "
-                       "unrolled, phantom, onestep, reversible)", kind="adjoint")
-    linear_solver: str = option("anderson", "implicit: the backward linear solver",
-                                tuple(_LINEAR))
-    tol: float = option(_field_default(solvers.Implicit, "tol"), "implicit: relative "
-                        "tolerance of the backward solve")
-    max_steps: int = option(_field_default(solvers.Implicit, "max_steps"), "implicit: most "
-                            "matrix-vector products of the backward solve")
-    restart: int = option(_field_default(solvers.Implicit, "linear_solver").history,
-                          "implicit: GMRES Krylov size or Anderson history of the backward "
-                          "solve")
-    fallback: str = option("auto", "implicit: the solver tried when the backward solve "
-                           "misses its tolerance (auto: dense up to 512 unknowns, else "
-                           "GMRES(50); none: no second try)", tuple(_FALLBACK))
-    steps: int = option(_field_default(solvers.Phantom, "steps"), "phantom: damped steps "
-                        "backpropagated")
-    damping: float = option(_field_default(solvers.Phantom, "damping"), "phantom: fraction "
-                            "of the old iterate kept")
-
-    def build(self, *, root: bool = False) -> solvers.AbstractAdjoint:
-        """The adjoint object (`root=True`: refuse one that differentiates fixed points
-        only)."""
-        cls = self._class(root)
-        if cls is solvers.Implicit:
-            return solvers.Implicit(linear_solver=_LINEAR[self.linear_solver](self),
-                                    tol=self.tol, max_steps=self.max_steps,
-                                    fallback=_FALLBACK[self.fallback]())
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: getattr(self, k) for k in ("steps", "damping") if k in names})
-
-
-def _used_keys(options, cls) -> set:
-    """The keys of a solver or adjoint section that building class `cls` reads."""
-    if isinstance(options, AdjointOptions):
-        if cls is solvers.Implicit:
-            return {"linear_solver", "tol", "max_steps", "restart", "fallback"}
-        return {"steps", "damping"} & {f.name for f in dataclasses.fields(cls)}
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {"tol", "max_steps", "precision"} | ({"damping", "history", "unroll"} & names)
-
-
-def _check_unused(key, options, default, root) -> None:
-    """Refuse a key of the section `key` that its solver or adjoint does not read, when it
-    is set away from the family's default section (a family default such as spin's GMRES
-    backward solve stays harmless when a config switches to an adjoint that has none), or
-    from the section class's own defaults where the family gives none."""
-    if not isinstance(default, type(options)):
-        default = type(options)()
-    used = _used_keys(options, options._class(root))
-    for f in dataclasses.fields(options):
-        if f.name == "name" or f.name in used:
-            continue
-        value = getattr(options, f.name)
-        if value != getattr(default, f.name):
-            takes = ", ".join(sorted(used)) if used else "no options"
-            an = "an" if options._KIND[0] in "aeiou" else "a"
-            raise ConfigError(
-                f"{key}.{f.name}: set to {value!r}, but the {options._KIND} "
-                f"{options.name!r} does not use it (it takes {takes}); remove the key, or "
-                f"choose {an} {options._KIND} that takes it.")
-
-
-def check_options(section, *, solver: str = "solver", adjoint: str = "adjoint",
-                  root: bool = False) -> None:
-    """Check a family section's `solver` and `adjoint` sub-sections (in its
-    `__post_init__`): they must name a registered solver and adjoint that fit the problem
-    (`root=True`: a root, so root finders only) and each other (the adjoint `reversible`
-    needs the solver `reversible`). A `ConfigError` names the key and what fits."""
-    classes = {}
-    for key in (solver, adjoint):
-        try:
-            classes[key] = getattr(section, key)._class(root)
-        except ConfigError as e:
-            raise ConfigError(f"{key}.{e}") from None
-    defaults = ({f.name: f.default for f in dataclasses.fields(section)}
-                if dataclasses.is_dataclass(section) else {})
-    for key in (solver, adjoint):
-        _check_unused(key, getattr(section, key), defaults.get(key), root)
-    if (classes[adjoint] is solvers.ReversibleAdjoint
-            and not issubclass(classes[solver], solvers.Reversible)):
-        raise ConfigError(f"{adjoint}.name: {getattr(section, adjoint).name!r} runs the "
-                          f"solver 'reversible' backwards and fits no other; {solver}.name is "
-                          f"{getattr(section, solver).name!r}.")
+def check_solvers(section, *, root: bool = False) -> None:
+    """A family section's check of its `solver` and `adjoint` (in its `__post_init__`): they
+    must fit each other and the problem (`root=True`: a root; `solvers.check_solver`); a
+    `ConfigError` names both keys."""
+    try:
+        solvers.check_solver(section.solver, section.adjoint, root=root)
+    except ValueError as e:
+        raise ConfigError(f"solver.name={name_of('solver', section.solver)!r} with adjoint.name="
+                          f"{name_of('adjoint', section.adjoint)!r}: {e}") from None
 
 
 # ------------------------------------------------------------------------------ attentions
 #
 # An attention is one module plus its frozen config dataclass, registered under its config
-# word (kind "attention"); `model.<name>` is then its section, and `section_kwargs` turns the
-# section into the constructor's keyword arguments (solver sections built into objects).
+# word (kind "attention"); `model.<name>` is then its section, whose fields are the
+# constructor's keyword arguments.
 
 # The coupling fields assumed for an attention that does not declare its own: the maps that
 # build attention weights from queries and keys.
@@ -406,28 +233,8 @@ COUPLING_FIELDS = ("to_q", "to_k", "to_qk")
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """What a registered attention declares.
-
-    **Fields:**
-
-    - `name`: the name used in configs (`model.attention`) and by `Transformer(attention=...)`.
-    - `cls`: the attention class, called as `cls(dim=, num_heads=, causal=, key=, **kwargs)`.
-    - `config`: its frozen config dataclass (the section `model.<name>`), or None if it has
-      no options; `kwargs_from` turns a section into constructor keyword arguments
-      (`section_kwargs`).
-    - `help`: one line for `model.attention`'s description.
-    - `takes_max_len`: the constructor needs `max_len=` (the longest key sequence).
-    - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
-      when a config is read).
-    - `coupling_fields`: the names of the module's fields whose parameters define its
-      couplings (e.g. the query/key maps, or Ising couplings J); `nn.param_labels` puts them
-      in the optimizer group "couplings".
-    - `carries_state`: `carries_state(section) -> bool`, whether the module built from these
-      options carries a state from one call to the next (`state=`, streaming data), or None
-      if it never does; `carries_state_when` says in config keys what makes it so, and
-      `carries_state_keys` names the section's keys it reads (quoted when it says no).
-    - `default`: this attention is `model.attention`'s default.
-    """
+    """What a registered attention declares (the arguments of `register_attention`, and
+    `cls`, the class, called as `cls(dim=, num_heads=, causal=, key=, **kwargs)`)."""
 
     name: str
     cls: type
@@ -436,9 +243,7 @@ class Registration:
     takes_max_len: bool = False
     min_head_dim: int = 1
     coupling_fields: tuple[str, ...] = COUPLING_FIELDS
-    carries_state: Optional[Callable[[Any], bool]] = None
-    carries_state_when: str = ""
-    carries_state_keys: tuple[str, ...] = ()
+    carries_state: Optional[dict] = None
     default: bool = False
 
     def build(self, *, dim: int, num_heads: int, causal: bool, max_len: int, key,
@@ -451,52 +256,42 @@ class Registration:
         return self.cls(dim=dim, num_heads=num_heads, causal=causal, key=key, **kwargs)
 
     def kwargs_from(self, section) -> dict:
-        """Constructor keyword arguments from the config section (`{}` without a config)."""
+        """Constructor keyword arguments from the config section: its fields by name (`{}`
+        without a config)."""
         if self.config is None:
             return {}
         if not isinstance(section, self.config):
             raise TypeError(f"attention {self.name!r}: expected a {self.config.__name__} "
                             f"section, got {type(section).__name__}.")
-        return section_kwargs(section)
+        return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
 # name -> Registration
 _REGISTRY: dict[str, Registration] = _TABLE.setdefault("attention", {})
 
 
-def register_attention(
-    name: str,
-    *,
-    config: Optional[type] = None,
-    help: str = "",
-    takes_max_len: bool = False,
-    min_head_dim: int = 1,
-    coupling_fields: tuple[str, ...] = COUPLING_FIELDS,
-    carries_state: Optional[Callable[[Any], bool]] = None,
-    carries_state_when: str = "",
-    carries_state_keys: tuple[str, ...] = (),
-    default: bool = False,
-):
+def register_attention(name: str, *, config: Optional[type] = None, help: str = "",
+                       takes_max_len: bool = False, min_head_dim: int = 1,
+                       coupling_fields: tuple[str, ...] = COUPLING_FIELDS,
+                       carries_state: Optional[dict] = None, default: bool = False):
     """Class decorator: register an attention module under `name`.
 
     **Arguments:**
 
     - `name`: a Python identifier (it becomes the config section `model.<name>`).
-    - `config`: a frozen dataclass of the module's options (fields made with
-      `spinformer.config.option`), or None. Each field is passed to the constructor under
-      its own name (`solver`/`adjoint` sections built into objects, `section_kwargs`). Take
-      the constructor's defaults from the section (`_DEFAULTS = Config()`,
+    - `config`: a frozen dataclass of the module's options (fields made with `option`), or
+      None. Each field is passed to the constructor under its own name. Take the
+      constructor's defaults from the section (`_DEFAULTS = Config()`,
       `beta=_DEFAULTS.beta`) so that both agree: a test builds every registration both ways.
     - `help`: one line saying what the attention is.
     - `takes_max_len`: the constructor takes `max_len=` (given by `Transformer`).
-    - `min_head_dim`: the smallest allowed head width `dim / num_heads`.
+    - `min_head_dim`: the smallest head width `dim / num_heads` the class accepts (checked
+      when a config is read).
     - `coupling_fields`: the fields holding the parameters that define the couplings (the
       optimizer group "couplings" of `nn.param_labels`).
-    - `carries_state`, `carries_state_when`: `carries_state(section) -> bool` says whether the
-      module built from a config section carries its state between calls (the condition
-      streaming data needs), and `carries_state_when` says so in config keys, e.g.
-      `"model.spin.mode=steps and model.spin.init=carried"`; `carries_state_keys` names the
-      section keys the condition reads, e.g. `("mode", "init")`.
+    - `carries_state`: the section values under which the module carries its state from
+      one call to the next (`state=`, what streaming data needs), e.g. `{"mode": "steps",
+      "init": "carried"}`; None: never.
     - `default`: make this the default of `model.attention` (one registration at most).
 
     **Returns:** the decorator, which returns the class unchanged.
@@ -512,40 +307,21 @@ def register_attention(
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"register_attention: {name!r} is already registered to "
                              f"{_REGISTRY[name].cls.__name__}.")
-        if config is not None:
-            _check_section_matches(name, cls, config)
+        params = inspect.signature(cls.__init__).parameters
+        missing = [f.name for f in dataclasses.fields(config)
+                   if f.name not in params] if config else []
+        if missing and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(f"register_attention({name!r}): {cls.__name__}'s constructor has "
+                            f"no argument {missing[0]!r} of its config section; rename the "
+                            "field or the argument.")
         if default and any(r.default and r.name != name for r in _REGISTRY.values()):
             raise ValueError(f"register_attention({name!r}, default=True): "
                              f"{default_attention()!r} is already the default.")
         _REGISTRY[name] = Registration(name, cls, config, help, takes_max_len, min_head_dim,
-                                       tuple(coupling_fields), carries_state,
-                                       carries_state_when, tuple(carries_state_keys), default)
+                                       tuple(coupling_fields), carries_state, default)
         return cls
 
     return decorate
-
-
-def section_kwargs(section) -> dict:
-    """Constructor keyword arguments from a config section: every field under its own name,
-    a sub-section that describes an object (a solver, an adjoint: it has `build()`) built
-    into that object, and a field declared with `option(..., kind=...)` turned from its name
-    into its option object (`spinformer._schema.choice`). What `Registration.kwargs_from`
-    uses."""
-    return {f.name: (choice(f.metadata["kind"], v, where=f.name) if "kind" in f.metadata
-                     else v.build() if hasattr(v, "build") else v)
-            for f in dataclasses.fields(section) for v in [getattr(section, f.name)]}
-
-
-def _check_section_matches(name: str, cls: type, config: type) -> None:
-    """Every field of the section must be a constructor argument."""
-    params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    missing = [f.name for f in dataclasses.fields(config) if f.name not in params]
-    if missing:
-        raise TypeError(f"register_attention({name!r}): {cls.__name__}'s constructor has no "
-                        f"argument {missing[0]!r} of its config section; rename the field or "
-                        "the argument.")
 
 
 def unregister_attention(name: str) -> None:
@@ -556,12 +332,9 @@ def unregister_attention(name: str) -> None:
 def default_attention() -> str:
     """The default of `model.attention`: the registration made with `default=True`, else the
     first registered."""
-    for reg in _REGISTRY.values():
-        if reg.default:
-            return reg.name
     if not _REGISTRY:
         raise ValueError("no attention is registered.")
-    return next(iter(_REGISTRY))
+    return next((r.name for r in _REGISTRY.values() if r.default), next(iter(_REGISTRY)))
 
 
 def attention_names() -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -32,17 +33,15 @@ from typing import Any, Mapping, Optional, Union
 import yaml
 
 from . import _schema
-from ._schema import AdjointOptions, ConfigError, SolverOptions, option
+from ._schema import ConfigError, option
 from .nn import _image, _pair
 
 __all__ = [
-    "AdjointOptions",
     "Config",
     "ConfigError",
     "DataConfig",
     "Key",
     "ModelConfig",
-    "SolverOptions",
     "TrainConfig",
     "describe",
     "from_dict",
@@ -69,13 +68,6 @@ def _at_least(section, minimum, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
         _need(value is None or value >= minimum, f"{name}={value} must be >= {minimum}.")
-
-
-def _positive(section, *names: str) -> None:
-    """Each named field of `section` (skipped when null) must be > 0."""
-    for name in names:
-        value = getattr(section, name)
-        _need(value is None or value > 0, f"{name}={value} must be > 0.")
 
 
 @dataclass(frozen=True)
@@ -132,7 +124,7 @@ class DataConfig:
         _at_least(self, 1, "batch_size", "eval_batches", "max_chars", "max_examples",
                   "val_size", "max_train")
         _at_least(self, 0, "distractors", "seed")
-        # four special tokens and at least one word (`data.build_vocab`)
+        # four special tokens and at least one word (`data._pairs.build_vocab`)
         _need(self.max_vocab >= 5, f"max_vocab={self.max_vocab} must be >= 5.")
         _need(0.0 < self.val_fraction < 1.0,
               f"val_fraction={self.val_fraction} must be in (0, 1).")
@@ -196,8 +188,9 @@ class ModelConfig:
         for name in sorted(set(given) - set(used)):
             if name not in regs:
                 raise ConfigError(f"{name}: attention {name!r} declares no config section.")
+            default = _flat(to_dict(regs[name].config()))
             changed = ", ".join(f"model.{name}.{k}={v!r}" for k, v in
-                                _flat_diff(given[name], regs[name].config()))
+                                _flat(to_dict(given[name])).items() if default.get(k) != v)
             changed = f" ({changed})" if changed else ""
             raise ConfigError(f"{name}: options of {name} attention{changed}, but "
                               f"model.attention is {self.attention}; remove the section, or "
@@ -235,15 +228,11 @@ class ModelConfig:
         return dict(self.sections).get(self.attention if name is None else name)
 
 
-def _flat_diff(section, default, prefix: str = "") -> list[tuple[str, Any]]:
-    """`(dotted key, value)` where `section` differs from `default` (both config sections)."""
-    out = []
-    for f in dataclasses.fields(section):
-        v, d = getattr(section, f.name), getattr(default, f.name)
-        if dataclasses.is_dataclass(v) and dataclasses.is_dataclass(d):
-            out += _flat_diff(v, d, f"{prefix}{f.name}.")
-        elif v != d:
-            out.append((prefix + f.name, v))
+def _flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict as `{dotted key: value}`."""
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
     return out
 
 
@@ -366,18 +355,20 @@ class Config:
 
     def __post_init__(self):
         # checks across sections (a section's own are in its `__post_init__`)
-        if self.data.stream:
-            reg = _schema.get_attention(self.model.attention)
-            section = self.model.section()
-            if reg.carries_state is None or not reg.carries_state(section):
-                able = [f"model.attention={r.name} with {r.carries_state_when}"
-                        for r in _schema.registrations() if r.carries_state is not None]
+        if self.data.stream:  # a state carried from batch to batch
+            when = lambda r: " and ".join(  # noqa: E731
+                f"model.{r.name}.{k}={v}" for k, v in r.carries_state.items())
+            reg, section = _schema.get_attention(self.model.attention), self.model.section()
+            if not reg.carries_state or any(getattr(section, k) != v
+                                            for k, v in reg.carries_state.items()):
+                able = [f"model.attention={r.name} with {when(r)}"
+                        for r in _schema.registrations() if r.carries_state]
                 raise ConfigError(
                     "data.stream=true carries the attention's state from one batch to the "
                     f"next: it needs {' or '.join(able) or 'an attention that carries state'}"
                     f"; got model.attention={self.model.attention}"
                     + "".join(f", model.{reg.name}.{k}={getattr(section, k)}"
-                              for k in reg.carries_state_keys) + ".")
+                              for k in reg.carries_state or {}) + ".")
         _need(not self.train.local_losses or self.data.task in ("brackets", "chars"),
               "train.local_losses=true trains each layer on its own per-position readout: it "
               f"needs a per-position task (data.task brackets or chars); got data.task="
@@ -403,17 +394,14 @@ class Config:
 _INT_LIMIT = 2**31
 
 
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 @dataclass(frozen=True)
 class Key:
-    """One key of a config section, as `keys` lists it.
+    """One key of a config section or of an object in it, as `keys` lists it.
 
-    **Fields:** `name`; `type` (a Python type, `Optional[...]`, or a section's dataclass);
-    `default` (a section's dataclass for a section); `help` (one line); `choices` (the
-    allowed values, or None).
+    **Fields:** `name`; `type` (a Python type, `Optional[...]`, a section's dataclass, or an
+    object's annotation); `default` (a section's dataclass for a section, the object for an
+    object); `help` (one line); `choices` (the allowed values, or None); `kind` (for a key
+    that holds an object: its kind in the name table, e.g. `"solver"`).
     """
 
     name: str
@@ -421,39 +409,87 @@ class Key:
     default: Any
     help: str
     choices: Optional[tuple] = None
+    kind: Optional[str] = None
 
     @property
     def is_section(self) -> bool:
-        return dataclasses.is_dataclass(self.type)
+        """Whether keys lie below this one: a section, or an object whose class has fields
+        (an object without fields is a value: its name)."""
+        if self.kind is None:
+            return dataclasses.is_dataclass(self.type)
+        return self.default is not None and len(_keys(self.default, self.kind)) > 1
+
+    def schema(self):
+        """What the keys below this one are read from: the section class, or the object."""
+        return self.type if self.kind is None else self.default
 
 
-def _keys(cls) -> dict[str, Key]:
-    """The keys of a config section (default: the whole `Config`), in order: its fields and,
-    for `ModelConfig`, the section of every registered attention that declares one (read
-    from the registry now). The one walk of the schema: reading, `--set`, `describe` and the
-    tests all use it. Given a section instance instead of its class, the defaults are that
-    instance's values (a family's own solver defaults, for example)."""
-    if not isinstance(cls, type):
-        return {name: dataclasses.replace(k, default=getattr(cls, name))
-                for name, k in _keys(type(cls)).items()}
-    hints = _hints(cls)
-    out: dict[str, Key] = {}
+def _doc_help(cls: type, name: str) -> str:
+    """The first sentence of the bullet "- `name`: ..." in the docstrings of `cls` and its
+    bases (the one place an object's fields are described), or ""."""
+    for klass in cls.__mro__:
+        for bullet in re.split(r"\n\s*- ", klass.__doc__ or "")[1:]:
+            head, _, text = bullet.partition(":")
+            if f"`{name}`" in head and head.startswith("`"):
+                text = " ".join(text.split())
+                return text.split(". ")[0].rstrip(".")
+    return ""
+
+
+def _scalar(tp) -> bool:
+    tp = _unwrap_optional(tp)[0]
+    return tp in (bool, int, float, str) or typing.get_origin(tp) is typing.Literal
+
+
+def _key(name, tp, default, help_, choices=None, kind=None) -> Key:
+    if choices is None and typing.get_origin(_unwrap_optional(tp)[0]) is typing.Literal:
+        choices = typing.get_args(_unwrap_optional(tp)[0])
+    return Key(name, tp, default, help_, tuple(choices()) if callable(choices) else choices,
+               kind)
+
+
+def _object_kind(f, value) -> Optional[str]:
+    """The kind of the object field `f` of a registered class holding `value`: its field
+    name when that is a kind (`linear_solver`), else the one kind of its value's class or of
+    its default's (`fallback: auto`); None for a field that is not an object."""
+    if _schema.choice_names(f.name):
+        return f.name
+    for v in (value, f.default):
+        found = _schema.kinds_of(type(v)) if v is not None else ()
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def _keys(cls, kind: Optional[str] = None) -> dict[str, Key]:
+    """The keys of a config section class, or (`kind` given) of object `cls` of that kind,
+    in order. For a section: its fields and, for `ModelConfig`, the section of every
+    registered attention that declares one (read from the registry now); a field declared
+    with `kind=` holds an object. For an object: `name` (its config word), then the fields
+    of its class that a config can write: numbers, strings, flags and nested objects, with
+    this object's values as defaults and the help from its class's docstring."""
+    if kind is not None:
+        obj, hints = cls, typing.get_type_hints(type(cls))
+        out = {"name": Key("name", str, _schema.name_of(kind, obj),
+                           f"which {kind} (a registered name)", _schema.choice_names(kind))}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            sub = None if _scalar(hints[f.name]) else _object_kind(f, value)
+            if f.init and (sub or _scalar(hints[f.name])):
+                out[f.name] = _key(f.name, hints[f.name], value, _doc_help(type(obj), f.name),
+                                   kind=sub)
+        return out
+    hints = typing.get_type_hints(cls)
+    out = {}
     for f in dataclasses.fields(cls):
         if f.metadata.get("sections"):
             continue
-        meta = f.metadata
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif dataclasses.is_dataclass(hints[f.name]):
-            default = hints[f.name]
-        else:
-            default = f.default_factory()
-        help_, choices = meta.get("help", ""), meta.get("choices")
-        if choices is None and typing.get_origin(hints[f.name]) is typing.Literal:
-            choices = typing.get_args(hints[f.name])  # a Literal field: its values
-        out[f.name] = Key(f.name, hints[f.name], default,
-                          help_() if callable(help_) else help_,
-                          tuple(choices()) if callable(choices) else choices)
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else hints[f.name] if dataclasses.is_dataclass(hints[f.name])
+                   else f.default_factory())
+        help_ = f.metadata.get("help", "")
+        out[f.name] = _key(f.name, hints[f.name], default, help_() if callable(help_) else help_,
+                           f.metadata.get("choices"), f.metadata.get("kind"))
     for name, tp, help_ in getattr(cls, "_open_sections", lambda: ())():
         out[name] = Key(name, tp, tp, help_)
     return out
@@ -465,6 +501,7 @@ def _unwrap_optional(tp):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1 and len(typing.get_args(tp)) == 2:
             return args[0], True
+        return tp, type(None) in typing.get_args(tp)
     return tp, False
 
 
@@ -514,26 +551,92 @@ def _coerce(value, tp, where: str):
     raise ConfigError(f"{where}: unsupported field type {tp!r}.")  # pragma: no cover
 
 
+def _value(value, k: Key, where: str):
+    """A YAML value of key `k`, checked: a number, string or flag, or an object."""
+    if k.kind is not None:
+        return _object(value, k, where)
+    if isinstance(value, Mapping) and _unwrap_optional(k.type)[0] is not dict:
+        raise ConfigError(f"{where} is a value, not a section; got {value!r}.")
+    v = _coerce(value, k.type, where)
+    if k.choices is not None and v not in k.choices:
+        raise ConfigError(f"{where}: {v!r} is not one of {list(k.choices)}."
+                          f"{_schema.did_you_mean(v, k.choices)}")
+    return v
+
+
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
-    full = prefix + key
     hint = _schema.did_you_mean(key, valid, cutoff=0.5, prefix=prefix)
-    return ConfigError(
-        f"unknown config key {full!r}.{hint} Valid keys here: {', '.join(prefix + v for v in valid)}."
-    )
+    return ConfigError(f"unknown config key {prefix + key!r}.{hint} Valid keys here: "
+                       f"{', '.join(prefix + v for v in valid)}.")
 
 
-def _from_dict(raw: Optional[dict], cls, prefix: str = "", *, base=None):
-    """Build `cls` (a config dataclass) from a nested dict, checking every key and type.
-    `base`: an instance of `cls` whose values are the defaults (a section whose default is
-    an instance, such as a family's `solver`)."""
+# the mark `_set_dotted` leaves on a mapping whose `name` it changed (`--set x.name=...`)
+_RENAMED = "<renamed>"
+
+
+def _object(value, k: Key, where: str):
+    """The object of kind `k.kind` that a YAML value describes: a name, or a mapping of its
+    name (default: the name of `k.default`) and fields. The same class as the default starts
+    from the default's values; another class from its own defaults and the settings of the
+    default that it shares (a family's `tol` survives a change of solver). When an override
+    changes the name of a mapping, the settings the mapping held keep those the new class
+    shares and drop the others."""
+    default = k.default
+    if value is None:
+        if _unwrap_optional(k.type)[1]:
+            return None
+        raise ConfigError(f"{where}: null is not allowed; give a {k.kind} name.")
+    named = where if isinstance(value, str) else where + ".name"
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a {k.kind} name or a mapping such as "
+                          f"{{name: {_schema.choice_names(k.kind)[0]}}}, got {value!r}.")
+    value = dict(value)
+    droppable = set(value.pop(_RENAMED, ()))
+    name = value.pop("name", None if default is None else _schema.name_of(k.kind, default))
+    if name is None:
+        raise ConfigError(f"{named}: missing; one of {list(_schema.choice_names(k.kind))}.")
+    names = _schema.choice_names(k.kind)
+    if name not in names:  # as a value outside its choices
+        raise ConfigError(f"{named}: {name!r} is not one of {list(names)}."
+                          f"{_schema.did_you_mean(name, names)}")
+    base = cls = _schema.choice_class(k.kind, name)()
+    if type(default) is type(cls):
+        base = default
+    elif default is not None:
+        plain = type(default)()
+        base = _make(cls, {n: getattr(default, n) for n in _keys(default, k.kind)
+                           if n != "name" and n in _keys(cls, k.kind)
+                           and getattr(default, n) != getattr(plain, n)}, where)
+    schema = _keys(base, k.kind)
+    changes = {}
+    for n, v in value.items():
+        if n in schema:
+            changes[n] = _value(v, schema[n], f"{where}.{n}")
+        elif n not in droppable:
+            raise _unknown_key(str(n), list(schema), where + ".")
+    return _make(base, changes, where)
+
+
+def _make(obj, changes: dict, where: str):
+    """`obj` with fields changed; the class's own check of a value becomes a `ConfigError`
+    naming the key."""
+    try:
+        return dataclasses.replace(obj, **changes) if changes else obj
+    except (ValueError, TypeError) as e:  # "Cls(key=...) must be ...": the key leads
+        key = re.match(r"\w+(?:\(|: )(\w+)=", str(e))
+        key = key.group(1) if key and key.group(1) in changes else None
+        lead = f"{where}.{key}={changes[key]!r}" if key else where
+        raise ConfigError(f"{lead}: {e}") from None
+
+
+def _from_dict(raw: Optional[dict], cls, prefix: str = ""):
+    """Build `cls` (a config dataclass) from a nested dict, checking every key and type."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys to values, got "
-            f"{raw!r}."
-        )
-    if base is not None:
-        raw = {**to_dict(base), **raw}
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} is a section: expected a mapping "
+                          f"of its keys to values, got {raw!r}.")
     schema = _keys(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs, sections = {}, {}
@@ -541,24 +644,29 @@ def _from_dict(raw: Optional[dict], cls, prefix: str = "", *, base=None):
         if key not in schema:
             raise _unknown_key(str(key), list(schema), prefix)
         k = schema[key]
-        where = prefix + key
-        if k.is_section:
-            default = None if isinstance(k.default, type) else k.default
-            (kwargs if key in fields else sections)[key] = _from_dict(
-                value, k.type, where + ".", base=default)
-            continue
-        v = _coerce(value, k.type, where)
-        choices = k.choices
-        if choices is not None and v not in choices:
-            raise ConfigError(f"{where}: {v!r} is not one of {list(choices)}."
-                              f"{_schema.did_you_mean(v, choices)}")
-        kwargs[key] = v
+        if k.is_section and k.kind is None:
+            (kwargs if key in fields else sections)[key] = _from_dict(value, k.type,
+                                                                      prefix + key + ".")
+        else:
+            kwargs[key] = _value(value, k, prefix + key)
     if sections:
         kwargs["sections"] = sections
     try:
         return cls(**kwargs)
     except ConfigError as e:  # a section's own checks (`__post_init__`), named by its place
         raise ConfigError(prefix + str(e)) from None
+    except ValueError as e:  # a check of the objects it holds (`solvers.check_solver`)
+        raise ConfigError(f"{prefix.rstrip('.')}: {e}") from None
+
+
+def _plain(value, kind: Optional[str] = None):
+    """A value as YAML holds it: an object as its name, or a mapping of its name and
+    fields when its class has fields; a section as a mapping."""
+    if kind is not None and value is not None:
+        keys_ = _keys(value, kind)
+        fields = {n: _plain(getattr(value, n), k.kind) for n, k in keys_.items() if n != "name"}
+        return {"name": keys_["name"].default, **fields} if fields else keys_["name"].default
+    return dict(value) if isinstance(value, dict) else value
 
 
 def to_dict(cfg) -> dict:
@@ -568,46 +676,26 @@ def to_dict(cfg) -> dict:
         value = getattr(cfg, f.name)
         if f.metadata.get("sections"):
             out.update((name, to_dict(section)) for name, section in value)
-        elif dataclasses.is_dataclass(value):
+        elif dataclasses.is_dataclass(value) and "kind" not in f.metadata:
             out[f.name] = to_dict(value)
         else:
-            out[f.name] = dict(value) if isinstance(value, dict) else value
+            out[f.name] = _plain(value, f.metadata.get("kind"))
     return out
 
 
-def _set_dotted(raw: dict, dotted: str, value, root):
-    parts = dotted.split(".")
-    cls = root
-    node = raw
-    for i, part in enumerate(parts):
-        prefix = ".".join(parts[:i]) + ("." if i else "")
-        schema = _keys(cls)
-        if part not in schema:
-            raise _unknown_key(part, list(schema), prefix)
-        tp = schema[part].type
-        if i == len(parts) - 1:
-            if dataclasses.is_dataclass(tp):
-                raise ConfigError(f"{dotted!r} is a section, not a value; set one of its "
-                                  f"keys, e.g. {dotted}.{dataclasses.fields(tp)[0].name}=...")
-            node[part] = value
-            return
-        if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"{prefix + part!r} is a value, not a section; cannot set {dotted!r}.")
-        parent = node
-        node = parent.setdefault(part, {})
-        if node is None:
-            node = parent[part] = {}
-        if not isinstance(node, dict):
-            _from_dict(node, tp, prefix + part + ".")  # raises: names the key and the fix
-        cls = tp
-
-
-def _build_from(raw: dict, changes: Mapping[str, Any], root):
-    """`_from_dict(raw, root)` after setting each dotted key of `changes` (the one place where
-    changes are applied: `Config.replace` and `load_config`'s overrides both come here)."""
-    for k, v in changes.items():
-        _set_dotted(raw, k, v, root)
-    return _from_dict(raw, root)
+def _set_dotted(raw: dict, dotted: str, value) -> dict:
+    """`raw` (not changed) with the dotted key set; the keys are checked when it is read."""
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return {**raw, head: value}
+    node = raw.get(head)
+    node = {"name": node} if isinstance(node, str) else {} if node is None else node
+    if not isinstance(node, dict):
+        raise ConfigError(f"{head!r} is a value, not a section; cannot set {dotted!r}.")
+    if rest == "name" and isinstance(node.get("name"), str) and node["name"] != value:
+        # the settings given for the old object may not fit the new one
+        node = {**node, _RENAMED: tuple(n for n in node if n not in ("name", _RENAMED))}
+    return {**raw, head: _set_dotted(node, rest, value)}
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -625,18 +713,13 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return out
 
 
-def _describe(cls, prefix: str = "") -> str:
-    """Every field of section `cls` (a class or an instance) with its default and its
-    one-line meaning, one per line."""
-    lines = []
-    for k in _keys(cls).values():
+def _walk(schema, prefix: str = "", kind: Optional[str] = None):
+    """`(dotted key, Key)` of every key below `schema` (a section class, or an object of
+    `kind`), depth first: the one walk behind `describe` and `reference_markdown`."""
+    for k in _keys(schema, kind).values():
+        yield prefix + k.name, k
         if k.is_section:
-            lines.append(f"{prefix}{k.name}:  # {k.help}")
-            lines.append(_describe(k.type if isinstance(k.default, type) else k.default,
-                                  prefix + k.name + "."))
-        else:
-            lines.append(f"{prefix}{k.name} = {k.default!r}  # {k.help}")
-    return "\n".join(lines)
+            yield from _walk(k.schema(), prefix + k.name + ".", k.kind)
 
 
 def read_yaml(path) -> dict:
@@ -675,49 +758,58 @@ def read_yaml(path) -> dict:
 # ----------------------------------------------------------------- the machinery, on Config
 
 
-def keys(cls=None) -> dict[str, Key]:
-    """The keys of a config section (default: the whole `Config`), in order: its fields and,
-    for `ModelConfig`, the section of every registered attention that declares one (read
-    from the registry now). The one walk of the schema: reading, `--set`, `describe` and the
-    tests all use it. Given a section instance instead of its class, the defaults are that
-    instance's values (a family's own solver defaults, for example)."""
-    return _keys(Config if cls is None else cls)
+def keys(cls=None, kind: Optional[str] = None) -> dict[str, Key]:
+    """The keys of a config section class (default: the whole `Config`), in order: its
+    fields and, for `ModelConfig`, the section of every registered attention that declares
+    one (read from the registry now). With `kind`: the keys of object `cls` of that kind
+    (its `name`, then the fields of its class that a config can write); a key holding an
+    object gives it as `Key.schema()` and its kind as `Key.kind`."""
+    return _keys(Config if cls is None else cls, kind)
 
 
-def from_dict(raw: Optional[dict], cls=None, prefix: str = "", *, base=None):
+def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
     """Build `cls` (a config dataclass; default `Config`) from a nested dict, checking every
-    key and type. `base`: an instance of `cls` whose values are the defaults."""
-    return _from_dict(raw, Config if cls is None else cls, prefix, base=base)
+    key and type."""
+    return _from_dict(raw, Config if cls is None else cls, prefix)
 
 
 def reference_markdown(cls=None) -> str:
     """Every key of the config schema as a Markdown table (key, default, allowed values,
-    meaning), sections in order, every registered attention's section included: the
-    documentation's config reference is generated from this, never written by hand."""
+    meaning), sections in order, every registered attention's section and the keys of its
+    default objects included: the documentation's config reference is generated from this,
+    never written by hand."""
     rows = ["| key | default | allowed values | meaning |", "|---|---|---|---|"]
 
     def cell(text) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
-    def walk(section, prefix):
-        for k in keys(section).values():
-            if k.is_section:
-                rows.append(f"| **`{prefix}{k.name}`** | | | {cell(k.help)} |")
-                walk(k.type if isinstance(k.default, type) else k.default,
-                     prefix + k.name + ".")
-            else:
-                choices = ", ".join(f"`{c}`" for c in k.choices) if k.choices else ""
-                rows.append(f"| `{prefix}{k.name}` | `{k.default!r}` | {cell(choices)} | "
-                            f"{cell(k.help)} |")
-
-    walk(Config if cls is None else cls, "")
+    kinds = []
+    for dotted, k in _walk(Config if cls is None else cls):
+        kinds += [k.kind] if k.kind and k.kind not in kinds else []
+        if k.is_section:
+            rows.append(f"| **`{dotted}`** | | | {cell(k.help)} |")
+        else:
+            choices = ", ".join(f"`{c}`" for c in k.choices) if k.choices else ""
+            rows.append(f"| `{dotted}` | `{_plain(k.default, k.kind)!r}` | {cell(choices)} | "
+                        f"{cell(k.help)} |")
+    for kind in kinds:  # what another name than the default brings: its class's keys
+        objs = {name: _schema.choice_class(kind, name)() for name in _schema.choice_names(kind)}
+        keys_ = {name: ", ".join(f"`{n}: {_plain(getattr(obj, n), k.kind)!r}`"
+                                 for n, k in _keys(obj, kind).items() if n != "name")
+                 for name, obj in objs.items()}
+        if any(keys_.values()):
+            rows += ["", f"`{kind}`: the names such a key takes, each with the keys of its "
+                         "class (class defaults):", "", "| name | keys |", "|---|---|"]
+            rows += [f"| `{name}` | {cell(text)} |" for name, text in keys_.items()]
     return "\n".join(rows) + "\n"
 
 
 def describe(cls=None, prefix: str = "") -> str:
-    """Every field with its default and its one-line meaning, one per line (default: the
+    """Every key with its default and its one-line meaning, one per line (default: the
     whole `Config`)."""
-    return _describe(Config if cls is None else cls, prefix)
+    return "\n".join(f"{dotted}:  # {k.help}" if k.is_section else
+                     f"{dotted} = {_plain(k.default, k.kind)!r}  # {k.help}"
+                     for dotted, k in _walk(Config if cls is None else cls, prefix))
 
 
 def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional[list] = None
@@ -732,36 +824,29 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
 
     **Returns:** a frozen `Config`. Raises `ConfigError` naming any bad key or value.
     """
-    raw: dict = {}
-    if path is not None:
-        p = pathlib.Path(path)
-        raw = read_yaml(p)
-        if "experiment" in raw:
-            raise ConfigError(f"{p}: an experiment config (experiment: {raw['experiment']}), "
-                              f"not a training run; run it with `python experiments/"
-                              f"{raw['experiment']}.py all --config {p}`.")
-    if isinstance(overrides, Mapping):
-        changes = dict(overrides)
-    else:
-        changes = parse_overrides(list(overrides or []))
+    raw = {} if path is None else read_yaml(path)
+    changes = (dict(overrides) if isinstance(overrides, Mapping)
+               else parse_overrides(list(overrides or [])))
     return _build(raw, changes)
 
 
 def _build(raw: dict, changes: dict) -> Config:
-    """`Config` from a YAML mapping and dotted changes. A change of `model.attention` leaves
-    the previous attention's section behind (the section belongs to its attention: a spin
-    config run with `--set model.attention=softmax` is a softmax run)."""
+    """`Config` from a YAML mapping and dotted changes (the one place where changes are
+    applied: `Config.replace` and `load_config`'s overrides both come here). A change of
+    `model.attention` leaves the previous attention's section behind (the section belongs to
+    its attention: a spin config run with `--set model.attention=softmax` is a softmax
+    run)."""
     model = raw.get("model")
     new = changes.get("model.attention")
     if new is not None and isinstance(model, dict):
         old = model.get("attention", _schema.default_attention())
         if old != new and old in model:
             raw = {**raw, "model": {k: v for k, v in model.items() if k != old}}
-    return _build_from(raw, changes, Config)
+    for k, v in changes.items():
+        raw = _set_dotted(raw, k, v)
+    return _from_dict(raw, Config)
 
 
 def save_config(cfg: Config, path: Union[str, pathlib.Path]) -> None:
     """Write the resolved config as YAML (loadable again with `load_config`)."""
     pathlib.Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-

@@ -310,10 +310,10 @@ def test_samplers_match_enumeration(getkey, x64):
     x = _normal(60, T, D, scale=1.5)
     tril = _tril(T)
     exact = None
-    for inference, kw in (("gibbs", dict(burn_in=50)),
-                          ("parallel_tempering", dict(burn_in=50)),
-                          ("dqa", {})):
-        attn = _bm("hJ", key=k, causal=True, inference=inference, num_samples=N, **kw)
+    for inference in (_boltzmann.Gibbs(num_samples=N, burn_in=50),
+                      _boltzmann.ParallelTempering(num_samples=N, burn_in=50),
+                      _boltzmann.DQA(num_samples=N)):
+        attn = _bm("hJ", key=k, causal=True, inference=inference)
         m = np.asarray(_sampled(attn, x, key))
         if exact is None:
             h, exact = _brute_all(attn, x, x, tril)
@@ -323,7 +323,7 @@ def test_samplers_match_enumeration(getkey, x64):
         np.testing.assert_allclose(counts, np.round(counts), atol=1e-6)
         assert np.all(np.round(counts).astype(int) % 2 == 0)
         assert np.all(m[:, ~tril] == 0.0)
-        if inference != "dqa":
+        if str(inference) != "dqa":
             # Markov chains: allow an integrated autocorrelation time of a few sweeps
             err = np.abs(m - exact)
             assert err.max() < 5.0 / np.sqrt(N), (inference, err.max())
@@ -347,7 +347,7 @@ def test_samplers_match_enumeration(getkey, x64):
 
 def test_straight_through_gradient(getkey, x64):
     T, N, B = 4, 64, 5
-    attn = _bm("hJ", key=getkey(), inference="gibbs", num_samples=N, burn_in=B)
+    attn = _bm("hJ", key=getkey(), inference=_boltzmann.Gibbs(num_samples=N, burn_in=B))
     h, w = _normal(70, H, T, T), _normal(71, H, T, T)
     key = getkey()
 
@@ -397,7 +397,7 @@ def _experiment():
     """A bracket-matching Tagger with hJK Boltzmann attention, built from a config (shared by
     the config, parameter-group and training tests: building a model costs seconds)."""
     sets = ["model.attention=boltzmann", "model.boltzmann.mode=hJK",
-            "model.boltzmann.init_scale=0.3", "model.boltzmann.num_samples=77",
+            "model.boltzmann.init_scale=0.3",
             "data.seq_len=8", "data.batch_size=16", "model.dim=16", "model.num_heads=2",
             "model.ffn_hidden=16", "train.coupling_weight_decay=0.25"]
     cfg = C.load_config(None, overrides=sets)
@@ -412,12 +412,16 @@ def test_config_builds_boltzmann_model():
     assert isinstance(attn, nn.BoltzmannAttention)
     assert attn.mode == "hJK"
     assert attn.inference == _boltzmann.ExactInference() and attn.causal and attn.max_len == 8
-    # the flat sampler keys reach the sampler the section names (structure only: nothing runs)
+    # a sampler's settings are keys of the sampler (structure only: nothing runs)
     reg = nn.get_attention("boltzmann")
-    section = dataclasses.replace(cfg.model.boltzmann, inference="gibbs")
+    section = cfg.replace({"model.boltzmann.inference.name": "gibbs",
+                           "model.boltzmann.inference.num_samples": 77}).model.boltzmann
     sampled = eqx.filter_eval_shape(lambda: nn.BoltzmannAttention(
         16, 2, True, max_len=8, key=jax.random.key(0), **reg.kwargs_from(section)))
     assert sampled.inference == _boltzmann.Gibbs(num_samples=77, burn_in=32)
+    with pytest.raises(C.ConfigError, match=r"model.boltzmann.inference.num_samples=0: Gibbs: "
+                       r"num_samples=0 must be an int >= 1"):
+        cfg.replace({"model.boltzmann.inference": {"name": "gibbs", "num_samples": 0}})
     assert attn.J.shape == (1, 2, 8, 8) and attn.K.shape == (1, 2, 8, 8, 8)  # (depth, H, ...)
     J = np.asarray(attn.J[0])
     np.testing.assert_allclose(J, np.swapaxes(J, -1, -2))
@@ -430,7 +434,7 @@ def test_config_builds_boltzmann_model():
     with pytest.raises(C.ConfigError, match=r"model\.boltzmann\.inference: 'magic'.*'tap'"):
         C.load_config(None, overrides=["model.attention=boltzmann",
                                        "model.boltzmann.inference=magic"])
-    with pytest.raises(C.ConfigError, match=r"init_scale must be >= 0"):
+    with pytest.raises(C.ConfigError, match=r"init_scale=-1.0 must be >= 0"):
         C.load_config(None, overrides=["model.attention=boltzmann",
                                        "model.boltzmann.init_scale=-1"])
 
@@ -483,9 +487,9 @@ def test_clear_errors(getkey, x64):  # x64: the same constructors as above
                        r"spin.update option"):
         _bm(key=k, inference=nn.options.TAPUpdate())
     with pytest.raises(ValueError, match=r"num_samples=0 must be an int >= 1"):
-        _bm(key=k, inference="gibbs", num_samples=0)
+        _boltzmann.Gibbs(num_samples=0)
     with pytest.raises(ValueError, match=r"betas=\(1.0,\) must hold >= 2"):
-        _bm(key=k, inference=_boltzmann.ParallelTempering(betas=[1]))
+        _boltzmann.ParallelTempering(betas=[1])
     with pytest.raises(ValueError, match=r"TAP .*pairwise couplings only; mode='hJK'"):
         _bm("hJK", key=k, inference="tap")
     with pytest.raises(ValueError, match=r"DQA .*max_len <= 12, got 13"):
@@ -514,19 +518,18 @@ def test_clear_errors(getkey, x64):  # x64: the same constructors as above
 
 def test_options_are_objects(getkey):
     """`inference` takes the option objects or their names, `mode` its word; the module holds
-    the inference object, and a sampler carries its settings, which the flat keys set."""
+    the inference object, and a sampler carries its settings."""
     k = getkey()
     build = lambda *a, **kw: eqx.filter_eval_shape(lambda: _bm(*a, key=k, **kw))  # noqa: E731
-    by_name = build("hJK", inference="dqa", num_samples=8, burn_in=3, dqa_steps=20)
+    by_name = build("hJK", inference="dqa")
     by_object = build("hJK", inference=_boltzmann.DQA(num_samples=8, steps=20))
     assert by_name.mode == by_object.mode == "hJK"
-    assert by_name.inference == by_object.inference == _boltzmann.DQA(8, 20, 5.0, 1.0)
+    assert by_name.inference == _boltzmann.DQA(256, 200, 5.0, 1.0)
+    assert by_object.inference == _boltzmann.DQA(8, 20, 5.0, 1.0)
     assert str(by_name.inference) == "dqa" and by_name.inference.name == "dqa"
-    assert build(inference=_boltzmann.Gibbs(num_samples=8), burn_in=3).inference == \
-        _boltzmann.Gibbs(num_samples=8, burn_in=3)
-    pt = build(inference="parallel_tempering", betas=[1, 0.5]).inference
+    pt = build(inference=_boltzmann.ParallelTempering(betas=[1, 0.5])).inference
     assert pt == _boltzmann.ParallelTempering(betas=(1.0, 0.5)) and pt.num_samples == 256
-    assert build(inference="tap", num_samples=8).inference == _boltzmann.TAPInference()
+    assert build(inference="tap").inference == _boltzmann.TAPInference()
 
 
 # ------------------------------------------------------------------- 8. jit, vmap, training
@@ -544,7 +547,8 @@ def test_vmap_matches_per_example(getkey, x64):
         np.testing.assert_allclose(ys[b], _output(attn, xs[b], _weights(m, vis)),
                                    atol=1e-10)
     # samplers: one key per example (equal keys, equal results)
-    gibbs = _bm("hJ", key=getkey(), causal=True, inference="gibbs", num_samples=16, burn_in=2)
+    gibbs = _bm("hJ", key=getkey(), causal=True,
+                inference=_boltzmann.Gibbs(num_samples=16, burn_in=2))
     k0, k1 = getkey(), getkey()
     x3 = np.broadcast_to(xs[0], xs.shape)
     ys = eqx.filter_jit(jax.vmap(lambda x, k: gibbs(x, key=k)))(x3, jnp.stack([k0, k1, k0]))
@@ -603,7 +607,7 @@ def test_default_solver_converges_where_anderson_stalled():
     from spinformer.spins import ising
 
     data = np.load(pathlib.Path(__file__).parent / "data" / "boltzmann_stall.npz")
-    default = nn.BoltzmannConfig().solver.build()
+    default = nn.BoltzmannConfig().solver
     old = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", False)
     try:

@@ -5,14 +5,14 @@ import pytest
 
 import spinformer._schema
 from spinformer import config as C
-from spinformer import nn
+from spinformer import nn, solvers
 
 CONFIGS = sorted((pathlib.Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
 
 def test_defaults_and_help():
     cfg = C.load_config()
-    assert cfg.train.steps == 1000 and cfg.model.spin.update == "tap"
+    assert cfg.train.steps == 1000 and str(cfg.model.spin.update) == "tap"
     text = C.describe()
     for cls in (C.Config, C.DataConfig, C.ModelConfig, C.TrainConfig,
                 *(r.config for r in spinformer._schema.registrations() if r.config is not None)):
@@ -33,7 +33,7 @@ def test_overrides():
     cfg = C.load_config(None, ["train.steps=200", "train.lr=1e-3", "model.spin.update=mean_field",
                                "train.coupling_lr=null", "data.max_chars=1000"])
     assert cfg.train.steps == 200 and cfg.train.lr == 1e-3
-    assert cfg.model.spin.update == "mean_field" and cfg.train.coupling_lr is None
+    assert str(cfg.model.spin.update) == "mean_field" and cfg.train.coupling_lr is None
     assert cfg.data.max_chars == 1000
     assert C.parse_overrides(["train.steps=5", "model.spin.beta=0.5", "train.steps=6"]) == {
         "train.steps": 6, "model.spin.beta": 0.5}
@@ -143,24 +143,32 @@ def test_save_roundtrip(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        # free-energy's closed-form adjoint has no backward linear solve to configure
-        (["model.attention=free_energy", "model.free_energy.adjoint.linear_solver=gmres"],
-         r"adjoint.linear_solver: set to 'gmres', but the adjoint 'saddle_implicit' does not "
-         r"use it \(it takes no options\)"),
         (["model.spin.adjoint.name=phantom", "model.spin.adjoint.restart=7"],
-         r"adjoint.restart: .*'phantom' does not use it \(it takes damping, steps\)"),
+         r"unknown config key 'model.spin.adjoint.restart'.* Valid keys here: "
+         r"model.spin.adjoint.name, model.spin.adjoint.steps, model.spin.adjoint.damping\."),
         (["model.spin.solver.name=broyden", "model.spin.solver.damping=0.5"],
-         r"solver.damping: .*'broyden' does not use it"),
+         r"unknown config key 'model.spin.solver.damping'"),
+        (["model.spin.solver.damping=0.5", "model.spin.solver.name=broyden"],
+         r"unknown config key 'model.spin.solver.damping'"),
         (["model.spin.solver.name=broyden", "model.spin.solver.unroll=true"],
-         r"solver.unroll: .*'broyden' does not use it"),
+         r"unknown config key 'model.spin.solver.unroll'"),
+        (["model.attention=free_energy", "model.free_energy.adjoint.steps=3"],
+         r"unknown config key 'model.free_energy.adjoint.steps'"),
     ],
 )
 def test_a_solver_key_its_solver_does_not_read_is_refused(overrides, message):
-    """A key of a `solver`/`adjoint` section that the chosen class ignores is an error when
-    it is set away from the family's default; the family's own defaults (spin's GMRES
-    backward solve) stay harmless when a config switches to an adjoint without one."""
+    """A solver or adjoint is an object whose keys are its class's fields: a key its class
+    does not have is an error naming the keys it has, whatever the order of the overrides.
+    A change of class keeps the settings of the family's default (or of the file) that the
+    new class shares, and drops the others."""
     with pytest.raises(C.ConfigError, match=message):
         C.load_config(None, overrides)
-    cfg = C.load_config(None, ["model.spin.adjoint.name=phantom"])
-    assert cfg.model.spin.adjoint.linear_solver == "gmres"  # the family default, unread
-    C.load_config(None, ["model.spin.adjoint.name=phantom", "model.spin.adjoint.steps=3"])
+    assert C.load_config(None, ["model.spin.adjoint.name=phantom"]).model.spin.adjoint == \
+        solvers.Phantom()
+    assert C.load_config(None, ["model.spin.solver=broyden"]).model.spin.solver == \
+        solvers.Broyden(tol=1e-3, max_steps=30)  # spin's tolerance and budget, carried
+    quick = C.load_config(CONFIGS[0].parent / "quickstart.yaml",
+                          ["model.spin.solver.name=picard", "model.spin.solver.damping=0.3",
+                           "model.spin.adjoint.linear_solver.name=dense"])
+    assert quick.model.spin.solver == solvers.Picard(tol=1e-3, max_steps=30, damping=0.3)
+    assert quick.model.spin.adjoint.linear_solver == solvers.Dense()

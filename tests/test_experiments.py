@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import spinformer as sf
+from spinformer import solvers
 from spinformer.config import ConfigError, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -86,12 +87,12 @@ def test_ngt_nli_plan_and_configs():
         assert (cfg.model.dim, cfg.train.steps, cfg.data.task) == (
             base.model.dim, base.train.steps, base.data.task)  # equal width and budget
         if name.startswith("ngt") or name.startswith("short"):
-            assert cfg.model.neurogame.adjoint.name == (
-                "implicit" if name == "ngt_implicit" else "unrolled")
+            assert cfg.model.neurogame.adjoint == (
+                solvers.Implicit(tol=1e-4) if name == "ngt_implicit" else solvers.Unrolled())
     assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
     assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"
     short = ngt.config_for("short_exact", 0, False)
-    assert short.data.seq_len == 13 and short.model.neurogame.estimator == "exact"
+    assert short.data.seq_len == 13 and str(short.model.neurogame.estimator) == "exact"
     assert ngt.usable("short_exact", short)
     assert not ngt.usable("short_exact", short.replace({"data.seq_len": 32}))  # > 16 slots
     assert sf.train.build_dataset(short).seq_len == 13  # every pair of the subset fits

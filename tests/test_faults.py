@@ -340,24 +340,26 @@ class Leaf:
     type: type
     optional: bool
     choices: typing.Optional[tuple]
+    kind: typing.Optional[str] = None  # an object named by a registered name
 
 
-def schema(cls=None, prefix: str = "") -> tuple[list, list]:
-    """`(leaves, sections)` of the config schema, walked from its dataclasses."""
+def schema(cls=None, prefix: str = "", kind=None) -> tuple[list, list]:
+    """`(leaves, sections)` of the config schema, walked from its dataclasses and from the
+    default objects (solvers, adjoints, ...) in it."""
     cls = C.Config if cls is None else cls
     leaves, sections = [], []
-    for k in C.keys(cls).values():
+    for k in C.keys(cls, kind).values():
         tp = k.type
-        if k.is_section:
+        if k.is_section and k.schema() is not None:
             sections.append(prefix + k.name)
-            sub_leaves, sub_sections = schema(tp, prefix + k.name + ".")
+            sub_leaves, sub_sections = schema(k.schema(), prefix + k.name + ".", k.kind)
             leaves += sub_leaves
             sections += sub_sections
             continue
         args = typing.get_args(tp)
         optional = type(None) in args
         inner = next(a for a in args if a is not type(None)) if optional else tp
-        leaves.append(Leaf(prefix + k.name, inner, optional, k.choices))
+        leaves.append(Leaf(prefix + k.name, inner, optional, k.choices, k.kind))
     return leaves, sections
 
 
@@ -415,8 +417,7 @@ def base_configs(draw, attentions, text_path):
     }
     sections = {  # every solver and sampler small
         "spin": {"solver": {"max_steps": 4}},
-        "boltzmann": {"num_samples": 4, "burn_in": 2, "dqa_steps": 4,
-                      "solver": {"max_steps": 4},
+        "boltzmann": {"solver": {"max_steps": 4},
                       "inference": draw(st.sampled_from(["exact", "mean_field"]))},
         "neurogame": {"train_samples": 2, "eval_samples": 2, "solver": {"max_steps": 4},
                       "estimator": draw(st.sampled_from(["mc", "exact"]))},
@@ -462,6 +463,8 @@ def wrong_values(leaf: Leaf) -> list:
     for numbers, null where it is not allowed, lists and mappings (empty ones too), values
     outside the choices. `must_fail` is False for values that are odd but usable (huge or
     negative floats: a learning rate of 1e308 trains, badly)."""
+    if leaf.kind:  # an object: a name or a mapping of its name and fields
+        return [([1, 2], True), ({"a": 1}, True), (3, True), ("xx", True), (None, True)]
     out = [([1, 2], True), ({"a": 1}, True), ({}, True)]
     if not leaf.optional:
         out.append((None, True))

@@ -439,26 +439,28 @@ def test_default_config_builds_the_default_module(name):
 
 
 def test_every_family_takes_the_shared_solver_sections():
-    """`solver`/`adjoint` are the same sections in every family that solves something, each
-    accepting what fits its problem, with one error naming what fits."""
+    """`solver`/`adjoint` are solver objects in every family that solves something, each
+    accepting what fits its problem, with one error naming both keys and what fits."""
     for name in ("spin", "boltzmann", "neurogame", "implicit"):
         cfg = C.load_config(None, [f"model.attention={name}", f"model.{name}.solver.name=picard",
                                    f"model.{name}.solver.damping=0.5",
                                    f"model.{name}.adjoint.name=phantom"])
-        section = cfg.model.section(name)
-        assert section.solver.build() == solvers.Picard(damping=0.5, tol=section.solver.tol,
-                                                        max_steps=section.solver.max_steps)
-        assert section.adjoint.build() == solvers.Phantom()
+        section, default = cfg.model.section(name), nn.get_attention(name).config()
+        assert section.solver == solvers.Picard(damping=0.5, tol=default.solver.tol,
+                                                max_steps=default.solver.max_steps)
+        assert section.adjoint == solvers.Phantom()
     # the saddle is a root: fixed-point-only solvers and adjoints do not fit
-    with pytest.raises(C.ConfigError, match=r"model.free_energy.solver.name: 'picard' does "
-                       r"not fit.*\['broyden', 'newton', 'saddle_newton'\]"):
+    with pytest.raises(C.ConfigError, match=r"model.free_energy.solver.name='picard' with "
+                       r"adjoint.name='saddle_implicit': Picard iterates a map x = g\(x\), not "
+                       r"a root"):
         C.load_config(None, ["model.attention=free_energy",
                              "model.free_energy.solver.name=picard"])
-    with pytest.raises(C.ConfigError, match="model.free_energy.adjoint.name: 'phantom'"):
+    with pytest.raises(C.ConfigError, match=r"adjoint.name='phantom': Phantom\(\) "
+                       r"differentiates fixed points only"):
         C.load_config(None, ["model.attention=free_energy",
                              "model.free_energy.adjoint.name=phantom"])
     cfg = C.load_config(None, ["model.attention=free_energy",
                                "model.free_energy.solver.name=newton"])
-    assert isinstance(cfg.model.free_energy.solver.build(root=True), solvers.Newton)
+    assert cfg.model.free_energy.solver == solvers.Newton(tol=1e-5, max_steps=50)
     with pytest.raises(C.ConfigError, match="Did you mean 'anderson'"):
         C.load_config(None, ["model.spin.solver.name=andersen"])

@@ -79,14 +79,15 @@ def test_the_scan_finds_a_comparison(tmp_path):
 
 
 def test_every_option_field_names_registered_objects():
-    """Each config field declared with `kind=` (an algorithm) lists exactly the registered
-    names, its default is one of them, and `nn.section_kwargs` turns it into that object."""
+    """Each config field declared with `kind=` (an algorithm, a solver) lists exactly the
+    registered names, its default is an object of a registered class, which a config writes
+    as its name, and `Registration.kwargs_from` passes the object on."""
     seen = 0
     for reg in spinformer._schema.registrations():
         if reg.config is None:
             continue
         section = reg.config()
-        built = spinformer._schema.section_kwargs(section)
+        built = reg.kwargs_from(section)
         for f in dataclasses.fields(reg.config):
             kind = f.metadata.get("kind")
             if kind is None:
@@ -94,11 +95,10 @@ def test_every_option_field_names_registered_objects():
             seen += 1
             assert keys(reg.config)[f.name].choices == choice_names(kind)
             value = getattr(section, f.name)
-            assert value in choice_names(kind)
-            assert isinstance(built[f.name], Choice) and built[f.name].name == value
-            assert type(built[f.name]) is type(choice(kind, value))
-    assert seen >= 4  # the algorithms: spin's update, Boltzmann inference, NeuroGame's
-    # estimator, the implicit family's Onsager term
+            assert spinformer._schema.name_of(kind, value) in choice_names(kind)
+            assert built[f.name] is value
+    assert seen >= 14  # spin's update, Boltzmann inference, NeuroGame's estimator, the
+    # implicit family's Onsager term, and every solving family's solver and adjoint
 
 
 def test_choice_resolves_names_and_refuses_the_rest():

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from spinformer import solvers as S
-from spinformer._schema import AdjointOptions, ConfigError, SolverOptions, check_options
 from solver_helpers import random_contraction, tanh_map
 
 
@@ -235,20 +234,22 @@ def test_errors_are_clear():
 
 
 def test_config_names():
-    solver = SolverOptions(name="reversible", tol=1e-4, max_steps=30).build()
+    """A config names the reversible solver and adjoint; a pair that does not fit is refused
+    when the config is read, naming the key, and so is a root problem for either."""
+    from spinformer.config import ConfigError, load_config
+
+    cfg = load_config(overrides={"model.spin.solver": {"name": "reversible", "tol": 1e-4,
+                                                       "max_steps": 30},
+                                 "model.spin.adjoint": "reversible"})
+    solver, adjoint = cfg.model.spin.solver, cfg.model.spin.adjoint
     assert isinstance(solver, S.Reversible) and solver.tol == 1e-4 and solver.max_steps == 30
-    assert isinstance(AdjointOptions(name="reversible").build(), S.ReversibleAdjoint)
-    with pytest.raises(ConfigError):
-        AdjointOptions(name="reversible").build(root=True)
-    with pytest.raises(ConfigError):
-        SolverOptions(name="reversible").build(root=True)
-
-    class Section:  # a family's section, as `check_options` sees it
-        def __init__(self, solver, adjoint):
-            self.solver = SolverOptions(name=solver)
-            self.adjoint = AdjointOptions(name=adjoint)
-
-    check_options(Section("reversible", "reversible"))
-    check_options(Section("reversible", "implicit"))
-    with pytest.raises(ConfigError, match="adjoint.name: 'reversible'.*'anderson'"):
-        check_options(Section("anderson", "reversible"))
+    assert isinstance(adjoint, S.ReversibleAdjoint)
+    load_config(overrides={"model.spin.solver": "reversible"})  # with the implicit adjoint
+    with pytest.raises(ConfigError, match=r"model.spin.solver.name='anderson' with "
+                                          r"adjoint.name='reversible': .*got solver=Anderson"):
+        load_config(overrides={"model.spin.adjoint": "reversible"})
+    for key in ("solver", "adjoint"):  # the free-energy saddle is a root
+        with pytest.raises(ConfigError, match=r"model.free_energy.solver.name=.* with "
+                                              r"adjoint.name="):
+            load_config(overrides={"model.attention": "free_energy",
+                                   f"model.free_energy.{key}": "reversible"})

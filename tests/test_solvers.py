@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spinformer import solvers as S
-from spinformer.config import SolverOptions
+from spinformer.config import ConfigError, load_config
 from solver_helpers import (
     linear_map,
     numpy_iterate,
@@ -455,7 +455,7 @@ def test_input_errors_are_clear():
         S.fixed_point(good, jnp.zeros(2), solver="anderson")
     with pytest.raises(ValueError, match="Newton"):
         S.root_find(good, jnp.zeros(2), solver=S.Anderson())
-    with pytest.raises(ValueError, match="fixed_point only"):
+    with pytest.raises(ValueError, match="differentiates fixed points only"):
         S.root_find(good, jnp.zeros(2), adjoint=S.OneStep())
     with pytest.raises(ValueError, match="history"):
         S.Anderson(history=0)
@@ -1123,12 +1123,11 @@ def test_unrolled_loop_matches_the_while_loop(x64):
     assert int(sol.result) == int(S.RESULTS.max_steps_reached)
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(S.fixed_point(fn, jnp.zeros(3), bs[0], solver=short).value)
-    # the config section: unroll fits picard and anderson, and says so for the others
-    assert SolverOptions(name="picard", unroll=True).build().unroll
-    from spinformer.config import ConfigError
-
-    with pytest.raises(ConfigError, match="unroll"):
-        SolverOptions(name="broyden", unroll=True).build()
+    # in a config: unroll is a key of picard and anderson, and of no other solver
+    assert load_config(overrides={"model.spin.solver": {"name": "picard", "unroll": True}}
+                       ).model.spin.solver.unroll
+    with pytest.raises(ConfigError, match="unknown config key 'model.spin.solver.unroll'"):
+        load_config(overrides={"model.spin.solver": {"name": "broyden", "unroll": True}})
 
 
 def _dot_precisions(hlo: str) -> list[str]:
@@ -1169,10 +1168,12 @@ def test_solves_trace_their_products_at_the_solvers_precision():
     np.testing.assert_allclose(g1, g2, rtol=1e-6)
 
 
-def test_precision_option_checked_and_carried_by_solver_options():
+def test_precision_option_checked_and_carried_by_the_config():
     with pytest.raises(ValueError, match="precision='tf32'.*tensorfloat32"):
         S.Picard(precision="tf32")
-    assert SolverOptions().build().precision == "highest"
-    assert SolverOptions(name="picard", precision=None).build().precision is None
-    assert SolverOptions(name="broyden", precision="tensorfloat32").build().precision == \
+    solver = lambda value: load_config(  # noqa: E731
+        overrides={"model.spin.solver": value}).model.spin.solver
+    assert solver("anderson").precision == "highest"
+    assert solver({"name": "picard", "precision": None}).precision is None
+    assert solver({"name": "broyden", "precision": "tensorfloat32"}).precision == \
         "tensorfloat32"

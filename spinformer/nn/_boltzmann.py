@@ -32,7 +32,7 @@ of samples, burn-in, ...) and whose sample means carry straight-through gradient
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import equinox as eqx
 import jax
@@ -40,8 +40,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_attention, register_choice)
+from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+                       register_attention, register_choice)
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
@@ -66,47 +66,6 @@ _TERMS: dict[str, tuple[bool, bool, bool]] = {
 # The modes whose magnetizations have a closed form and need no inference: independent spins
 # (`softmax`, `h`: ⟨s⟩ = tanh(h)) and `J` alone (E(s) = E(−s), so ⟨s⟩ = 0 for every J).
 _CLOSED_FORM = ("softmax", "h", "J")
-
-
-@dataclasses.dataclass(frozen=True)
-class BoltzmannConfig:
-    """Options of Boltzmann attention (the config section `model.boltzmann`)."""
-
-    mode: Mode = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
-                       "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), "
-                       "or the three-body variants hK, hJK, JK, K")
-    inference: str = option("exact", "how magnetizations are computed: exact (enumeration, "
-                            "T<=24), mean_field, tap, gibbs, parallel_tempering, dqa (T<=12)",
-                            kind="boltzmann.inference")
-    init_scale: float = option(0.0, "standard deviation of the initial couplings J (and K); "
-                               "0 starts at sigmoid attention")
-    num_samples: int = option(256, "samplers: samples per query and head")
-    burn_in: int = option(32, "gibbs/parallel_tempering: sweeps discarded before sampling")
-    dqa_steps: int = option(200, "dqa: Trotter steps of the simulated anneal")
-    dqa_time: float = option(5.0, "dqa: total anneal time")
-    # Picard with damping 0.2, not Anderson: near a marginally stable point Anderson's
-    # extrapolations stall and the solve fails, where damped Picard reaches a stable fixed
-    # point; a vmapped solve runs until its slowest system, so those failures also make
-    # Anderson slower. Plain Picard fails more TAP solves than damped Picard. The
-    # measurements are in docs/families/boltzmann.md.
-    solver: SolverOptions = option(
-        SolverOptions(name="picard", tol=1e-4, max_steps=100, damping=0.2),
-        "mean_field/tap: the fixed-point solver")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(), "mean_field/tap: how gradients flow through the fixed point")
-
-    def __post_init__(self):
-        if not (self.num_samples >= 1 and self.dqa_steps >= 1):
-            raise ConfigError("num_samples and dqa_steps must be >= 1.")
-        if not (self.burn_in >= 0 and self.init_scale >= 0):
-            raise ConfigError("burn_in and init_scale must be >= 0.")
-        if not self.dqa_time > 0:
-            raise ConfigError(f"dqa_time={self.dqa_time} must be > 0.")
-        check_options(self)
-
-
-# the constructor's defaults are the config section's (one source of defaults)
-_DEFAULTS = BoltzmannConfig()
 
 
 # Added to every visible α before normalising: float32 magnetizations near −1 round to α = 0
@@ -138,23 +97,12 @@ class BoltzmannInference(Choice):
     """How Boltzmann attention computes the magnetizations ⟨s_j⟩_i (`inference=`, config
     `model.boltzmann.inference`): `query` solves one query's Ising model from its arrays,
     `structured` (exact inference only) all queries at once when every position is visible
-    or the pattern is causal. A sampler carries its settings as fields, which the module's flat
-    keyword arguments (`num_samples=`, `burn_in=`, `betas=`, `dqa_steps=`, `dqa_time=`,
-    `dqa_gamma=`) set (`configured`)."""
-
-    # flat constructor / config key -> field of this class
-    _FLAT: ClassVar[dict[str, str]] = {}
-
-    def configured(self, **flat) -> "BoltzmannInference":
-        """This inference with the fields named by the flat keys set (keys that are None or
-        that it does not use are ignored)."""
-        updates = {field: flat[k] for k, field in self._FLAT.items()
-                   if flat.get(k) is not None}
-        return dataclasses.replace(self, **updates) if updates else self
+    or the pattern is causal. A sampler carries its settings as fields (`Gibbs(num_samples=64)`,
+    config `inference: {name: gibbs, num_samples: 64}`) and checks them when it is made."""
 
     def check(self, where: str, mode: Mode, max_len: int) -> None:
         """Raise `ValueError` (naming `where`) if it cannot serve the energy terms of `mode`
-        (a `Mode` word) up to `max_len` key positions, or if its settings are invalid."""
+        (a `Mode` word) up to `max_len` key positions."""
 
     def structured(self, h, J, K, *, causal: bool):
         """The magnetizations `(H, n, s)` of all queries at once (every position visible, or
@@ -250,12 +198,12 @@ class BoltzmannSampler(BoltzmannInference):
 
     num_samples: int
 
+    def __post_init__(self):
+        _check_int(type(self).__name__, "num_samples", self.num_samples, 1)
+
     def sample(self, h, J, K, key):
         """Samples `(num_samples, s)` in ±1."""
         raise NotImplementedError
-
-    def check(self, where, mode, max_len):
-        _check_int(where, "num_samples", self.num_samples, 1)
 
     def query(self, h, J, K, key, *, solver, adjoint, throw):
         del solver, adjoint, throw
@@ -266,16 +214,20 @@ class BoltzmannSampler(BoltzmannInference):
 @register_choice("boltzmann.inference", "gibbs")
 @dataclasses.dataclass(frozen=True)
 class Gibbs(BoltzmannSampler):
-    """`gibbs`: Gibbs sampling, `num_samples` sweeps after `burn_in` discarded ones."""
+    """`gibbs`: Gibbs sampling, `num_samples` sweeps after `burn_in` discarded ones.
 
-    num_samples: int = _DEFAULTS.num_samples
-    burn_in: int = _DEFAULTS.burn_in
+    **Arguments:**
 
-    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "burn_in": "burn_in"}
+    - `num_samples`: sweeps sampled per query and head.
+    - `burn_in`: sweeps discarded before sampling.
+    """
 
-    def check(self, where, mode, max_len):
-        super().check(where, mode, max_len)
-        _check_int(where, "burn_in", self.burn_in, 0)
+    num_samples: int = 256
+    burn_in: int = 32
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_int("Gibbs", "burn_in", self.burn_in, 0)
 
     def sample(self, h, J, K, key):
         return samplers.gibbs(h, J, key=key, num_samples=self.num_samples,
@@ -286,23 +238,25 @@ class Gibbs(BoltzmannSampler):
 @dataclasses.dataclass(frozen=True)
 class ParallelTempering(BoltzmannSampler):
     """`parallel_tempering`: replicas at inverse temperatures `betas` (the target β = 1
-    first), `num_samples` sweeps after `burn_in` discarded ones."""
+    first), `num_samples` sweeps after `burn_in` discarded ones.
 
-    num_samples: int = _DEFAULTS.num_samples
-    burn_in: int = _DEFAULTS.burn_in
+    **Arguments:**
+
+    - `num_samples`: sweeps sampled per query and head (of the β = 1 replica).
+    - `burn_in`: sweeps discarded before sampling.
+    - `betas`: the replicas' inverse temperatures, the target 1.0 first.
+    """
+
+    num_samples: int = 256
+    burn_in: int = 32
     betas: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3)
 
-    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "burn_in": "burn_in",
-                                       "betas": "betas"}
-
     def __post_init__(self):
+        super().__post_init__()
+        _check_int("ParallelTempering", "burn_in", self.burn_in, 0)
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-
-    def check(self, where, mode, max_len):
-        super().check(where, mode, max_len)
-        _check_int(where, "burn_in", self.burn_in, 0)
         if len(self.betas) < 2 or self.betas[0] != 1.0:
-            raise ValueError(f"{where}: betas={self.betas} must hold >= 2 inverse "
+            raise ValueError(f"ParallelTempering: betas={self.betas} must hold >= 2 inverse "
                              "temperatures starting with the target 1.0, e.g. (1.0, 0.7, 0.5, "
                              "0.3).")
 
@@ -316,25 +270,31 @@ class ParallelTempering(BoltzmannSampler):
 @dataclasses.dataclass(frozen=True)
 class DQA(BoltzmannSampler):
     """`dqa`: simulated diabatic quantum annealing (T ≤ 12), `num_samples` measurements of
-    the state after a Trotterised transverse-field anneal of `steps` steps (`dqa_steps`),
-    total time `total_time` (`dqa_time`) and transverse field `gamma` (`dqa_gamma`); Kim and
-    Park §4.5: 200 steps, τ = 5."""
+    the state after a Trotterised transverse-field anneal (Kim and Park §4.5: 200 steps,
+    τ = 5).
 
-    num_samples: int = _DEFAULTS.num_samples
-    steps: int = _DEFAULTS.dqa_steps
-    total_time: float = _DEFAULTS.dqa_time
+    **Arguments:**
+
+    - `num_samples`: measurements per query and head.
+    - `steps`: Trotter steps of the anneal.
+    - `total_time`: the anneal time τ.
+    - `gamma`: the initial transverse field Γ.
+    """
+
+    num_samples: int = 256
+    steps: int = 200
+    total_time: float = 5.0
     gamma: float = 1.0
 
-    _FLAT: ClassVar[dict[str, str]] = {"num_samples": "num_samples", "dqa_steps": "steps",
-                                       "dqa_time": "total_time", "dqa_gamma": "gamma"}
-
     def __post_init__(self):
+        super().__post_init__()
+        _check_int("DQA", "steps", self.steps, 1)
         object.__setattr__(self, "total_time", float(self.total_time))
         object.__setattr__(self, "gamma", float(self.gamma))
+        if not self.total_time > 0:
+            raise ValueError(f"DQA: total_time={self.total_time} must be > 0.")
 
     def check(self, where, mode, max_len):
-        super().check(where, mode, max_len)
-        _check_int(where, "dqa_steps", self.steps, 1)
         if mode not in _CLOSED_FORM and max_len > samplers.MAX_DQA:
             raise ValueError(
                 f"{where}: simulated DQA holds a 2^T state vector and is limited to "
@@ -344,6 +304,41 @@ class DQA(BoltzmannSampler):
     def sample(self, h, J, K, key):
         return samplers.dqa(h, J, key=key, num_samples=self.num_samples, steps=self.steps,
                             total_time=self.total_time, gamma=self.gamma, K=K)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoltzmannConfig:
+    """Options of Boltzmann attention (the config section `model.boltzmann`)."""
+
+    mode: Mode = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
+                       "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), "
+                       "or the three-body variants hK, hJK, JK, K")
+    inference: BoltzmannInference = option(
+        ExactInference(), "how magnetizations are computed: exact (enumeration, T<=24), "
+        "mean_field, tap, gibbs, parallel_tempering, dqa (T<=12); a sampler with its settings, "
+        "e.g. {name: gibbs, num_samples: 64}", kind="boltzmann.inference")
+    init_scale: float = option(0.0, "standard deviation of the initial couplings J (and K); "
+                               "0 starts at sigmoid attention")
+    # Picard with damping 0.2, not Anderson: near a marginally stable point Anderson's
+    # extrapolations stall and the solve fails, where damped Picard reaches a stable fixed
+    # point; a vmapped solve runs until its slowest system, so those failures also make
+    # Anderson slower. Plain Picard fails more TAP solves than damped Picard. The
+    # measurements are in docs/families/boltzmann.md.
+    solver: solvers.AbstractSolver = option(
+        solvers.Picard(tol=1e-4, max_steps=100, damping=0.2),
+        "mean_field/tap: the fixed-point solver", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        solvers.Implicit(), "mean_field/tap: how gradients flow through the fixed point",
+        kind="adjoint")
+
+    def __post_init__(self):
+        if not self.init_scale >= 0:
+            raise ConfigError(f"init_scale={self.init_scale} must be >= 0.")
+        check_solvers(self)
+
+
+# the constructor's defaults are the config section's (one source of defaults)
+_DEFAULTS = BoltzmannConfig()
 
 
 # The Ising couplings form the optimizer group "couplings", with their own learning rate and
@@ -375,19 +370,11 @@ class BoltzmannAttention(eqx.Module):
       sample means from `spins.samplers` (DQA: Trotterised transverse-field anneal, T ≤ 12),
       with straight-through gradients from the surrogate m̃ = tanh(h + J m̂ [+ ½ K:m̂m̂])
       evaluated at the (gradient-stopped) sample mean m̂ — one mean-field step, exact when
-      the couplings vanish. A sampler carries its settings (`Gibbs(num_samples=64)`).
+      the couplings vanish. A sampler carries its settings (`Gibbs(num_samples=64)`; by
+      name, its defaults: 256 samples, burn-in 32, β = (1, 0.7, 0.5, 0.3), 200 steps, τ = 5,
+      Γ = 1).
     - `init_scale`: standard deviation of the initial couplings (0: start at J = 0, i.e. at
       sigmoid attention).
-    - `num_samples`, `burn_in`: sampler settings (per query and head; sweeps for Gibbs and
-      parallel tempering, measurements for DQA).
-    - `betas`: inverse temperatures of the parallel-tempering replicas (target β = 1 first).
-    - `dqa_steps`, `dqa_time`, `dqa_gamma`: Trotter steps, anneal time and transverse field
-      (Kim and Park §4.5: 200 steps, τ = 5).
-
-      These six set the fields of the sampler that `inference` names (or is); None, the
-      default, keeps the sampler's own (its defaults are the config section's: 256 samples,
-      burn-in 32, β = (1, 0.7, 0.5, 0.3), 200 steps, τ = 5, Γ = 1). Keys the inference does
-      not use are ignored.
     - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
       tolerance and step budget; default `Picard(tol=1e-4, max_steps=100, damping=0.2)`,
       the config section's `solver`; `adjoint` defaults to the config section's, `Implicit()`).
@@ -424,14 +411,8 @@ class BoltzmannAttention(eqx.Module):
         mode: Mode = _DEFAULTS.mode,
         inference: Union[str, BoltzmannInference] = _DEFAULTS.inference,
         init_scale: float = _DEFAULTS.init_scale,
-        num_samples: Optional[int] = None,
-        burn_in: Optional[int] = None,
-        betas: Optional[tuple[float, ...]] = None,
-        dqa_steps: Optional[int] = None,
-        dqa_time: Optional[float] = None,
-        dqa_gamma: Optional[float] = None,
-        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         throw: bool = False,
         use_bias: bool = False,
         key: PRNGKeyArray,
@@ -443,15 +424,7 @@ class BoltzmannAttention(eqx.Module):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"{name}: max_len={max_len!r} must be a positive int (the "
                              "longest key sequence; J has shape (H, max_len, max_len)).")
-        for what, v, lo in (("num_samples", num_samples, 1), ("burn_in", burn_in, 0),
-                            ("dqa_steps", dqa_steps, 1)):
-            if v is not None:
-                _check_int(name, what, v, lo)
-        inference = inference.configured(
-            num_samples=num_samples, burn_in=burn_in,
-            betas=None if betas is None else tuple(float(b) for b in betas),
-            dqa_steps=dqa_steps, dqa_time=dqa_time, dqa_gamma=dqa_gamma)
-        # its settings, and its length limits (none in modes softmax, h and J: closed forms)
+        # its length limits (none in modes softmax, h and J: closed forms)
         inference.check(name, mode, max_len)
         if init_scale < 0:
             raise ValueError(f"{name}: init_scale={init_scale} must be >= 0.")

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, ConfigError, SolverOptions, check_options, option,
-                      register_attention, register_choice)
+from .._schema import (ConfigError, check_solvers, option, register_attention,
+                       register_choice)
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
@@ -70,19 +70,20 @@ class FreeEnergyConfig:
                                   "sym(tanh(√D H Q Kᵀ Hᵀ))/√(nD) from the fields")
     beta: float = option(1.0, "inverse temperature β")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
-    solver: SolverOptions = option(
-        SolverOptions(name="saddle_newton", tol=1e-5, max_steps=50),
+    solver: solvers.AbstractSolver = option(
+        fe.SaddleNewton(tol=1e-5, max_steps=50),
         "the saddle's root finder (tol: max relative violation of the spherical constraint; "
-        "saddle_newton keeps diag(t) - J positive definite)")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(name="saddle_implicit"),
-        "how gradients flow through the saddle (saddle_implicit: the closed-form Hessian)")
+        "saddle_newton keeps diag(t) - J positive definite)", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        fe.SaddleImplicit(),
+        "how gradients flow through the saddle (saddle_implicit: the closed-form Hessian)",
+        kind="adjoint")
 
     def __post_init__(self):
         # the saddle exists and is unique for every beta > 0 (`spins.free_energy`)
         if not self.beta > 0:
             raise ConfigError(f"beta={self.beta} must be > 0.")
-        check_options(self, root=True)
+        check_solvers(self, root=True)
 
 
 # the constructor's defaults are the config section's (one source of defaults)
@@ -135,8 +136,8 @@ class FreeEnergyAttention(eqx.Module):
         couplings: Couplings = _DEFAULTS.couplings,
         beta: float = _DEFAULTS.beta,
         output_proj: bool = _DEFAULTS.output_proj,
-        solver: solvers.AbstractRootFinder = _DEFAULTS.solver.build(root=True),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(root=True),
+        solver: solvers.AbstractRootFinder = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         throw: bool = False,
         key: PRNGKeyArray,
     ):

@@ -28,8 +28,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, ConfigError, SolverOptions, check_options, option,
-                      register_attention)
+from .._schema import ConfigError, check_solvers, option, register_attention
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
@@ -60,21 +59,21 @@ class HopfieldConfig:
     mode: HopfieldMode = option("fixed_point", "fixed_point: retrieve to the update's fixed point; "
                        "steps: num_steps updates; one_step: no update (softmax attention)")
     num_steps: int = option(1, "steps mode: updates of each query's state")
-    solver: SolverOptions = option(
-        SolverOptions(name="picard", tol=1e-3, max_steps=100),
+    solver: solvers.AbstractSolver = option(
+        solvers.Picard(tol=1e-3, max_steps=100),
         "fixed_point: the retrieval's solver (picard: the plain updates, which never raise "
-        "the energy)")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(name="phantom"),
+        "the energy)", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        solvers.Phantom(),
         "fixed_point: how gradients flow through the retrieval (phantom: 5 damped updates "
-        "backpropagated; implicit fails near the retrieval's bifurcations, see the class)")
+        "backpropagated; implicit fails near the retrieval's bifurcations, see the class)", kind="adjoint")
 
     def __post_init__(self):
         if not self.beta > 0:
             raise ConfigError(f"beta={self.beta} must be > 0.")
         if not self.num_steps >= 1:
             raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
-        check_options(self)
+        check_solvers(self)
 
 
 # the constructor's defaults are the config section's (one source of defaults)
@@ -127,8 +126,8 @@ class HopfieldAttention(eqx.Module):
         beta: float = _DEFAULTS.beta,
         mode: HopfieldMode = _DEFAULTS.mode,
         num_steps: int = _DEFAULTS.num_steps,
-        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         throw: bool = False,
         use_bias: bool = False,
         key: PRNGKeyArray,

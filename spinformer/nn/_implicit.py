@@ -50,8 +50,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_attention, register_choice)
+from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+                       register_attention, register_choice)
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._literal import check_literal
@@ -181,7 +181,7 @@ class ImplicitConfig:
     couplings: Couplings = option("explicit", "explicit: learned d×d blocks J_ij per pair of "
                             "sites (needs a fixed number of sites); softmax: J_ij = "
                             "softmax(q·k) W amortised from the input")
-    onsager: str = option("mlp", "self-correction f(⟨S_i⟩): mlp (learned), adaptive_tap "
+    onsager: OnsagerTerm = option(MLPOnsager(), "self-correction f(⟨S_i⟩): mlp (learned), adaptive_tap "
                           "(explicit cavity variances, Gaussian prior) or none (naive mean "
                           "field)", kind="implicit.onsager")
     onsager_hidden: int = option(0, "hidden width of the Onsager MLP (0: 2·d)")
@@ -190,18 +190,18 @@ class ImplicitConfig:
                                 "internal dimension)")
     normalize_input: bool = option(True, "fields X = LayerNorm(x)/sqrt(d) (|X_i| ~ 1)")
     output_proj: bool = option(False, "mix the magnetizations with a learned d×d map")
-    solver: SolverOptions = option(
-        SolverOptions(name="anderson", tol=1e-4, max_steps=40),
-        "the forward solver of the mean-field fixed point")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(tol=1e-4), "how gradients flow through the fixed point")
+    solver: solvers.AbstractSolver = option(
+        solvers.Anderson(tol=1e-4, max_steps=40),
+        "the forward solver of the mean-field fixed point", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        solvers.Implicit(tol=1e-4), "how gradients flow through the fixed point", kind="adjoint")
     jacobian_penalty: float = option(0.0, "weight of the Jacobian regulariser "
                                      "‖∂F/∂m‖_F²/(N d) added to the loss (0: off)")
     spectral_steps: int = option(0, "power-iteration steps of the spectral-radius diagnostic "
                                  "(0: not computed)")
 
     def __post_init__(self):
-        check_options(self)
+        check_solvers(self)
         for name in ("onsager_hidden", "jacobian_penalty", "spectral_steps"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
@@ -283,8 +283,8 @@ class ImplicitAttention(eqx.Module):
         sym_internal: bool = _DEFAULTS.sym_internal,
         normalize_input: bool = _DEFAULTS.normalize_input,
         output_proj: bool = _DEFAULTS.output_proj,
-        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         throw: bool = False,
         jacobian_penalty: float = _DEFAULTS.jacobian_penalty,
         spectral_steps: int = _DEFAULTS.spectral_steps,

@@ -91,8 +91,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_attention, register_choice)
+from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+                       register_attention, register_choice)
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, merge_heads, project_heads
@@ -200,7 +200,7 @@ class NeuroGameConfig:
     mode: Mode = option("query", "query: one game per query over its visible tokens (this "
                        "project's token-mixing extension); pooled: one game per sequence "
                        "(the paper's layer; every position gets the same output)")
-    estimator: str = option("mc", "game values: mc (unbiased Monte Carlo), exact "
+    estimator: GameEstimator = option(MonteCarloValues(), "game values: mc (unbiased Monte Carlo), exact "
                             "(enumeration, <= 16 tokens), paper (Algorithm 1's "
                             "Gibbs-weighted estimators)", kind="neurogame.estimator")
     train_samples: int = option(15, "Monte Carlo samples K per call in training")
@@ -212,15 +212,15 @@ class NeuroGameConfig:
     gate: Gate = option("learned", "lambda: learned sigma(w.x + b), shapley (lambda = 1) or "
                        "banzhaf (lambda = 0)")
     interactions: bool = option(True, "use the pairwise couplings J_ij (false: J_ij = 0)")
-    solver: SolverOptions = option(
-        SolverOptions(name="picard", tol=1e-4, max_steps=100),
+    solver: solvers.AbstractSolver = option(
+        solvers.Picard(tol=1e-4, max_steps=100),
         "the mean-field solver (picard: Algorithm 1's iteration, the paper's 25 steps are "
         "max_steps=25; solver.damping keeps that fraction of the old iterate: the paper's "
-        "'damping factor 0.7' weights the new iterate, so its code's update is damping=0.3)")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(tol=1e-4),
+        "'damping factor 0.7' weights the new iterate, so its code's update is damping=0.3)", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        solvers.Implicit(tol=1e-4),
         "gradients through the mean field: implicit (an Anderson backward solve) or "
-        "unrolled (backpropagation through the iterations, as the paper's code)")
+        "unrolled (backpropagation through the iterations, as the paper's code)", kind="adjoint")
     normalize: Normalize = option("players", "output normalisation: players (divide by the number "
                             "of players), sum (by the sum of alpha), none (the paper's)")
 
@@ -229,7 +229,7 @@ class NeuroGameConfig:
             raise ConfigError("train_samples and eval_samples must be >= 2.")
         if not self.gamma > 0:
             raise ConfigError(f"gamma={self.gamma} must be > 0.")
-        check_options(self)
+        check_solvers(self)
         if not self.eval_seed >= 0:
             raise ConfigError(f"eval_seed={self.eval_seed} must be >= 0.")
 
@@ -337,8 +337,8 @@ class NeuroGameAttention(eqx.Module):
         learn_gamma: bool = _DEFAULTS.learn_gamma,
         gate: Gate = _DEFAULTS.gate,
         interactions: bool = _DEFAULTS.interactions,
-        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         normalize: Normalize = _DEFAULTS.normalize,
         throw: bool = False,
         use_bias: bool = False,

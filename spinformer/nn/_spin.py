@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (AdjointOptions, Choice, ConfigError, SolverOptions, check_options,
-                      choice, option, register_attention, register_choice)
+from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+                       register_attention, register_choice)
 from ..spins import vector
 from ..spins._common import solve as _solve
 from ._block import FeedForward
@@ -179,7 +179,7 @@ class SpinConfig:
 
     beta: float = option(2.0, "inverse temperature β of the vector-spin model (2 trains "
                          "better than 1; see experiments/results/spin_lm)")
-    update: str = option("tap", "mean-field equations: mean_field (first order) or tap (second "
+    update: SpinUpdate = option(TAPUpdate(), "mean-field equations: mean_field (first order) or tap (second "
                          "order, with Onsager/feed-forward corrections)", kind="spin.update")
     mode: Mode = option("fixed_point", "fixed_point: solve for the steady state; steps: take "
                        "num_steps time steps")
@@ -187,12 +187,12 @@ class SpinConfig:
     init: Init = option("reset", "steps mode: initial magnetizations: reset (fresh each call), "
                        "learned (a trained per-head vector) or carried (passed in by the "
                        "caller)")
-    solver: SolverOptions = option(
-        SolverOptions(name="anderson", tol=1e-3, max_steps=30),
-        "the solver of the steady state and of the TAP step")
-    adjoint: AdjointOptions = option(
-        AdjointOptions(name="implicit", linear_solver="gmres", tol=1e-3, restart=5),
-        "how gradients flow through the steady state")
+    solver: solvers.AbstractSolver = option(
+        solvers.Anderson(tol=1e-3, max_steps=30),
+        "the solver of the steady state and of the TAP step", kind="solver")
+    adjoint: solvers.AbstractAdjoint = option(
+        solvers.Implicit(linear_solver=solvers.GMRES(restart=5), tol=1e-3),
+        "how gradients flow through the steady state", kind="adjoint")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
                             "(x -> x + FFN(x)); 0 for none")
@@ -213,7 +213,7 @@ class SpinConfig:
             raise ConfigError(f"num_steps={self.num_steps} must be >= 1.")
         if not self.beta > 0:
             raise ConfigError(f"beta={self.beta} must be > 0.")
-        check_options(self)
+        check_solvers(self)
         if not self.coupling_scale > 0:
             raise ConfigError(f"coupling_scale={self.coupling_scale} must be > 0.")
         if not self.field_ffn >= 0:
@@ -227,10 +227,7 @@ _DEFAULTS = SpinConfig()
 # The query/key maps build the couplings J: they form the optimizer group "couplings".
 @register_attention("spin", config=SpinConfig, help="vector-spin mean field",
                     min_head_dim=_MIN_HEAD_DIM, coupling_fields=("to_q", "to_k"),
-                    carries_state=lambda s: s.mode == "steps" and s.init == "carried",
-                    carries_state_when="model.spin.mode=steps and model.spin.init=carried "
-                                       "(num_steps=1: one time step per call)",
-                    carries_state_keys=("mode", "init"),
+                    carries_state={"mode": "steps", "init": "carried"},
                     default=True)
 class SpinAttention(eqx.Module):
     """Multi-head spin attention; one example per call.
@@ -306,8 +303,8 @@ class SpinAttention(eqx.Module):
         mode: Mode = _DEFAULTS.mode,
         num_steps: int = _DEFAULTS.num_steps,
         init: Init = _DEFAULTS.init,
-        solver: solvers.AbstractSolver = _DEFAULTS.solver.build(),
-        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint.build(),
+        solver: solvers.AbstractSolver = _DEFAULTS.solver,
+        adjoint: solvers.AbstractAdjoint = _DEFAULTS.adjoint,
         throw: bool = False,
         output_proj: bool = _DEFAULTS.output_proj,
         field_ffn: int = _DEFAULTS.field_ffn,

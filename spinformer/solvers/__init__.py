@@ -10,9 +10,9 @@ sol.value, sol.num_steps, sol.residual, sol.result == solvers.RESULTS.successful
 
 Options are objects, not strings: a solver carries its stopping rule (`tol`, `max_steps`,
 `norm`), an adjoint says how gradients flow, a linear solver how the adjoint system is
-solved. This package knows nothing of configs and imports no other part of spinformer; the
-config sections `solver` and `adjoint` (`spinformer.config.SolverOptions`,
-`AdjointOptions`) turn YAML words into these objects.
+solved. This package knows nothing of configs and imports no other part of spinformer; a
+config names these classes (`solver: {name: anderson, tol: 1e-4}`) and the config reader
+builds the objects.
 """
 
 from ._adjoint import (
@@ -26,7 +26,7 @@ from ._adjoint import (
     record_backward,
     spectral_radius,
 )
-from ._fixed_point import fixed_point, root_find
+from ._fixed_point import check_solver, fixed_point, root_find
 from ._linear import AbstractLinearSolver, Auto, BiCGStab, Dense, GMRES
 from ._results import RESULTS, Solution, backward_error_if
 from ._reversible import Reversible, ReversibleAdjoint
@@ -68,6 +68,7 @@ __all__ = [
     "Unrolled",
     "backward_error_if",
     "backward_stats",
+    "check_solver",
     "fixed_point",
     "jacobian_penalty",
     "l2_norm",

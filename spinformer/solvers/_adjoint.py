@@ -323,9 +323,11 @@ class Phantom(AbstractAdjoint):
     backpropagate through `steps` damped steps x ← damping·x + (1 − damping)·g(x) started at
     the (gradient-stopped) solution.
 
-    **Arguments:** `steps` ≥ 1; `damping` in [0, 1) with the meaning it has for every solver
-    (the fraction of the old iterate kept; 0 is the undamped map, and the paper's λ is
-    1 − damping).
+    **Arguments:**
+
+    - `steps`: the damped steps backpropagated (≥ 1).
+    - `damping`: in [0, 1), the fraction of the old iterate kept, as for every solver (0 is
+      the undamped map; the paper's λ is 1 − damping).
 
     The forward value is exactly the solved `x*`; only the gradient is approximate. Cheap and
     memory-light; the error shrinks as `steps` grows for a contractive map. Fixed points only.

@@ -13,7 +13,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import PyTree
 
-from ._adjoint import AbstractAdjoint, Implicit
+from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom
 from ._linear import Auto
 from ._reversible import Reversible, ReversibleAdjoint
 from ._results import _CODES, RESULTS, Solution, backward_error_if
@@ -31,31 +31,47 @@ from ._solvers import (
 )
 
 
-def _check_inputs(name, fn, x0, args, solver, adjoint, accepted):
-    if not callable(fn):
-        raise ValueError(f"{name}: `fn` must be callable as fn(x, args); got {type(fn).__name__}.")
-    if not isinstance(solver, accepted):
+def check_solver(solver, adjoint, *, root: bool = False, where: str = "") -> None:
+    """Raise `ValueError` unless `solver` and `adjoint` can solve and differentiate a fixed
+    point together (`root=True`: a root F(x) = 0, which needs a root finder and an adjoint
+    that differentiates roots: `Implicit()` or `Unrolled()`); `where` leads the message.
+    `fixed_point` and `root_find` call it; a config section calls it to refuse a bad pair
+    when it is read."""
+    lead = f"{where}: " if where else ""
+    if not isinstance(solver, AbstractRootFinder if root else
+                      (AbstractFixedPointSolver, AbstractRootFinder)):
         if isinstance(solver, AbstractSolver):
             raise ValueError(
-                f"{name}: {type(solver).__name__} iterates a map x = g(x), not a root "
+                f"{lead}{type(solver).__name__} iterates a map x = g(x), not a root "
                 "F(x) = 0. Use solver=Newton() or Broyden(), or write the problem as a fixed "
                 "point and call fixed_point."
             )
         raise ValueError(
-            f"{name}: `solver` must be a spinformer solver such as Anderson() or Newton(); "
+            f"{lead}`solver` must be a spinformer solver such as Anderson() or Newton(); "
             f"got {solver!r}."
         )
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(
-            f"{name}: `adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(), "
+            f"{lead}`adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(), "
             f"ReversibleAdjoint(); got {adjoint!r}."
+        )
+    if root and isinstance(adjoint, (Phantom, OneStep, ReversibleAdjoint)):
+        raise ValueError(
+            f"{lead}{type(adjoint).__name__}() differentiates fixed points only; a root "
+            "takes Implicit() or Unrolled()."
         )
     if isinstance(adjoint, ReversibleAdjoint) and not isinstance(solver, Reversible):
         raise ValueError(
-            f"{name}: adjoint=ReversibleAdjoint() runs the steps of solver=Reversible() "
+            f"{lead}adjoint=ReversibleAdjoint() runs the steps of solver=Reversible() "
             f"backwards and fits no other solver; got solver={type(solver).__name__}(). Use "
             "solver=Reversible(damping=...), or another adjoint (Implicit(), Unrolled())."
         )
+
+
+def _check_inputs(name, fn, x0, args, solver, adjoint, root):
+    if not callable(fn):
+        raise ValueError(f"{name}: `fn` must be callable as fn(x, args); got {type(fn).__name__}.")
+    check_solver(solver, adjoint, root=root, where=name)
     leaves = jax.tree.leaves(x0)
     if not leaves:
         raise ValueError(f"{name}: x0 has no array leaves; pass the initial guess as arrays.")
@@ -300,8 +316,7 @@ def fixed_point(
     shapes (`eqx.filter_jit`), so eager calls with the same function do not recompile.
     """
     x0 = _as_array_leaves(x0)
-    _check_inputs("fixed_point", fn, x0, args, solver, adjoint,
-                  (AbstractFixedPointSolver, AbstractRootFinder))
+    _check_inputs("fixed_point", fn, x0, args, solver, adjoint, False)
     return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
                   adjoint, throw, verbose, _check_budget("fixed_point", step_budget),
                   bool(trace))
@@ -329,6 +344,6 @@ def root_find(
     iterations.
     """
     x0 = _as_array_leaves(x0)
-    _check_inputs("root_find", fn, x0, args, solver, adjoint, AbstractRootFinder)
+    _check_inputs("root_find", fn, x0, args, solver, adjoint, True)
     return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
                   throw, verbose, _check_budget("root_find", step_budget), bool(trace))

@@ -62,7 +62,12 @@ class GMRES(AbstractLinearSolver):
     loop spends restart + 1. Starting at w = 0 would save the starting residual but search
     K_restart(A, b) instead of b + K_restart(A, b − Ab) ⊂ K_(restart+1)(A, b): on the
     spin-attention backward solves that cost a second cycle more often than it saved a
-    product.)"""
+    product.)
+
+    **Arguments:**
+
+    - `restart`: products per cycle (the size of the Krylov basis).
+    """
 
     restart: int = eqx.field(default=20, static=True)
 
@@ -199,6 +204,12 @@ class Auto(AbstractLinearSolver):
     identity, which the Richardson iteration needs) and of `Implicit`'s `fallback` (the
     solver tried when the first misses its tolerance). The choice is made from the static
     size of the system, when the backward pass is traced.
+
+    **Arguments:**
+
+    - `dense_max`: the most unknowns solved densely.
+    - `restart`: GMRES's products per cycle above `dense_max`.
+    - `cycles`: GMRES's least budget, in cycles.
     """
 
     dense_max: int = eqx.field(default=512, static=True)

@@ -93,7 +93,6 @@ class Reversible(AbstractFixedPointSolver):
       amplifies rounding errors more (by κ = μ₊²/(1 − β)², see there); per unit of
       convergence β matters little, the contraction of f decides. β in [0.5, 0.9)
       (damping 0.1 to 0.5) is the useful range.
-    - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
     """
 
     damping: float = 0.2

@@ -150,6 +150,16 @@ class AbstractSolver(eqx.Module):
     products are float32 anyway and the setting changes nothing. `None` keeps the caller's setting (for example TF32, for large
     products where speed matters more than a tight tolerance; then set `tol` above
     about 1e-3).
+
+    **Arguments** (every solver):
+
+    - `tol`: converged when the residual norm is ≤ tol.
+    - `max_steps`: most iterations after the first evaluation.
+    - `norm`: the residual norm, a callable `vector -> scalar` (`max_norm`, `l2_norm`).
+    - `unroll`: `Picard`, `Anderson`: exactly `max_steps` iterations as straight-line code,
+      no while loop (small solves on a GPU); the stopping rule is checked once, at the end.
+    - `precision`: the matrix-product precision of the solve (`jax.default_matmul_precision`;
+      `"highest"`: float32 products in float32, also on GPUs; None: the caller's setting).
     """
 
     #: run exactly `max_steps` iterations without a while loop (`Picard`, `Anderson`)
@@ -231,9 +241,8 @@ class Picard(AbstractFixedPointSolver):
 
     - `damping`: in [0, 1). 0 is the plain iteration; larger values slow each step down but
       make oscillating maps (e.g. mean-field equations at strong coupling) converge.
-    - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
-    - `unroll`: run exactly `max_steps` iterations as straight-line code (see
-      `AbstractSolver`'s `unroll`).
+
+    `tol`, `max_steps`, `norm`, `unroll`, `precision`: as for every solver (`AbstractSolver`).
     """
 
     damping: float = 0.0
@@ -331,9 +340,10 @@ class Anderson(AbstractFixedPointSolver):
     - `damping`: in [0, 1), as `Picard`'s (jaxopt's `beta` is 1 − damping).
     - `ridge`: relative Tikhonov regularisation of the least-squares problem.
     - `safeguard`: enable the fallback and restart described above.
-    - `tol`, `max_steps`, `norm`: the stopping rule (see `AbstractSolver`).
-    - `unroll`: run exactly `max_steps` iterations as straight-line code (see
-      `AbstractSolver`'s `unroll`).
+    - `safeguard_growth`: restart when the residual exceeds this multiple of the best so far.
+    - `max_coefficient`: fall back to a Picard step when Σ|α_i| exceeds this.
+
+    `tol`, `max_steps`, `norm`, `unroll`, `precision`: as for every solver (`AbstractSolver`).
     """
 
     history: int = eqx.field(default=5, static=True)
