@@ -220,6 +220,17 @@ def check_solvers(section, *, root: bool = False) -> None:
                           f"{name_of('adjoint', section.adjoint)!r}: {e}") from None
 
 
+def check_values(config: type, where: str, **values) -> None:
+    """Run the checks of config section `config` (its `__post_init__`) on `values`, fields of
+    it (the others at their defaults): a module's constructor checks its arguments with the
+    checks its section makes when a config is read, so each value is checked in one place.
+    A failure is a `ValueError` led by `where`."""
+    try:
+        config(**values)
+    except ConfigError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 # ------------------------------------------------------------------------------ attentions
 #
 # An attention is one module plus its frozen config dataclass, registered under its config

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import ising, samplers
 from ._diagnostics import Diagnostics, Stats
@@ -426,8 +426,7 @@ class BoltzmannAttention(eqx.Module):
                              "longest key sequence; J has shape (H, max_len, max_len)).")
         # its length limits (none in modes softmax, h and J: closed forms)
         inference.check(name, mode, max_len)
-        if init_scale < 0:
-            raise ValueError(f"{name}: init_scale={init_scale} must be >= 0.")
+        check_values(BoltzmannConfig, name, init_scale=init_scale)
         kq, kk, kv, ko, kj, kK = jax.random.split(key, 6)
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(dim, use_bias, kq, kk, kv, ko)
         L, H = max_len, num_heads

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._schema import ConfigError, option, register_attention
+from .._schema import ConfigError, check_values, option, register_attention
 from ..spins import energy_transformer as et
 from ..spins.energy_transformer import HopfieldEnergy
 from ._diagnostics import Diagnostics
@@ -114,11 +114,8 @@ class EnergyTransformerAttention(eqx.Module):
                 "EnergyTransformerAttention is not causal: each token's descent depends on "
                 "every other token through the attention energy's keys; use it in "
                 "non-causal models (classifiers, encoders, masked reconstruction).")
-        if not (isinstance(steps, int) and steps >= 1):
-            raise ValueError(f"EnergyTransformerAttention: steps={steps!r} must be an int >= 1.")
-        if not (alpha > 0 and beta_hn > 0):
-            raise ValueError(f"EnergyTransformerAttention: alpha={alpha} and beta_hn={beta_hn} "
-                             "must be > 0.")
+        check_values(EnergyTransformerConfig, "EnergyTransformerAttention", steps=steps,
+                     alpha=alpha, beta_hn=beta_hn)
         Y = head_dim or dim // num_heads
         M = memories or 2 * dim
         kq, kk, km = jax.random.split(key, 3)

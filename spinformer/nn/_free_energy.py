@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (ConfigError, check_solvers, option, register_attention,
+from .._schema import (ConfigError, check_solvers, check_values, option, register_attention,
                        register_choice)
 from ..spins import free_energy as fe
 from ._diagnostics import Diagnostics, Stats
@@ -149,8 +149,7 @@ class FreeEnergyAttention(eqx.Module):
                 "saddle, so later tokens would leak into earlier outputs. Use it in a "
                 "non-causal model (a classifier or encoder).")
         couplings = check_literal("FreeEnergyAttention", "couplings", couplings, Couplings)
-        if not beta > 0:
-            raise ValueError(f"FreeEnergyAttention: beta={beta} must be > 0.")
+        check_values(FreeEnergyConfig, "FreeEnergyAttention", beta=beta)
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, ko = jax.random.split(key, 4)
         if couplings == "explicit":

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import ConfigError, check_solvers, option, register_attention
+from .._schema import ConfigError, check_solvers, check_values, option, register_attention
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
 from ._diagnostics import Diagnostics, Stats
@@ -133,10 +133,7 @@ class HopfieldAttention(eqx.Module):
         key: PRNGKeyArray,
     ):
         check_heads("HopfieldAttention", dim, num_heads)
-        if not beta > 0:
-            raise ValueError(f"HopfieldAttention: beta={beta} must be > 0.")
-        if not (isinstance(num_steps, int) and num_steps >= 1):
-            raise ValueError(f"HopfieldAttention: num_steps={num_steps!r} must be an int >= 1.")
+        check_values(HopfieldConfig, "HopfieldAttention", beta=beta, num_steps=num_steps)
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(
             dim, use_bias, *jax.random.split(key, 4))
         self.beta, self.solver, self.throw = beta, solver, throw

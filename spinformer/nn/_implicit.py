@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ._diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
@@ -295,9 +295,8 @@ class ImplicitAttention(eqx.Module):
         onsager = choice("implicit.onsager", onsager, where="ImplicitAttention: onsager")
         if max_len < 1:
             raise ValueError(f"ImplicitAttention: max_len={max_len} must be >= 1.")
-        if jacobian_penalty < 0 or spectral_steps < 0 or onsager_hidden < 0:
-            raise ValueError("ImplicitAttention: jacobian_penalty, spectral_steps and "
-                             "onsager_hidden must be >= 0.")
+        check_values(ImplicitConfig, "ImplicitAttention", jacobian_penalty=jacobian_penalty,
+                     spectral_steps=spectral_steps, onsager_hidden=onsager_hidden)
         H, dh, n = num_heads, dim // num_heads, max_len
         kj, kq, kk, kw, km, ko = jax.random.split(key, 6)
         if couplings == "explicit":

@@ -91,7 +91,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import coalitions, ising
 from ._diagnostics import Diagnostics, Stats
@@ -356,11 +356,8 @@ class NeuroGameAttention(eqx.Module):
                 "NeuroGameAttention: mode='pooled' plays one game over the whole sequence, so "
                 "every position would see future tokens; use mode='query' for causal models."
             )
-        if train_samples < 2 or eval_samples < 2:
-            raise ValueError("NeuroGameAttention: train_samples and eval_samples must be >= 2 "
-                             "(standard errors and self-normalised weights need two draws).")
-        if not gamma > 0:
-            raise ValueError(f"NeuroGameAttention: gamma={gamma} must be > 0.")
+        check_values(NeuroGameConfig, "NeuroGameAttention", train_samples=train_samples,
+                     eval_samples=eval_samples, gamma=gamma)
         kq, kk, kv, ko, kg = jax.random.split(key, 5)
         if mode == "query":
             self.to_q = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)

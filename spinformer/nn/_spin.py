@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .. import solvers
-from .._schema import (Choice, ConfigError, check_solvers, choice, option,
+from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import vector
 from ..spins._common import solve as _solve
@@ -325,12 +325,8 @@ class SpinAttention(eqx.Module):
         mode = check_literal("SpinAttention", "mode", mode, Mode)
         init = check_literal("SpinAttention", "init", init, Init)
         output = check_literal("SpinAttention", "output", output, Output)
-        if mode == "steps" and num_steps < 1:
-            raise ValueError(f"SpinAttention: num_steps={num_steps} must be >= 1.")
-        if not beta > 0:
-            raise ValueError(f"SpinAttention: beta={beta} must be > 0.")
-        if not coupling_scale > 0:
-            raise ValueError(f"SpinAttention: coupling_scale={coupling_scale} must be > 0.")
+        check_values(SpinConfig, "SpinAttention", num_steps=num_steps, beta=beta,
+                     coupling_scale=coupling_scale, field_ffn=field_ffn)
         kq, kk, ko, kf, km = jax.random.split(key, 5)
         self.to_q = eqx.nn.Linear(dim, dim, use_bias=False, key=kq)
         self.to_k = eqx.nn.Linear(dim, dim, use_bias=False, key=kk)

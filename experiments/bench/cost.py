@@ -1,0 +1,257 @@
+"""What a training step of each attention family costs against softmax's, and why: the
+measured time ratio beside the arithmetic bound, at the zoo's task sizes.
+
+    python experiments/bench/cost.py                       # brackets16, chars, nli; every family
+    python experiments/bench/cost.py --tasks nli --families spin,boltzmann_mf
+    python experiments/bench/cost.py --quick               # brackets16, a smoke test
+
+For each task of the zoo's grid (`configs/zoo/full.yaml`) and each family the grid runs on it,
+built as the zoo builds the cell (its config changes, parameters matched to softmax's), with
+the first learning-rate candidate and seed 0, on the first training batch:
+
+- `ratio`: softmax's step time / the family's (the jitted training step, compile excluded;
+  medians over rounds that alternate softmax and the family, `_compare.interleaved`).
+- `bound`: softmax's FLOPs / the family's effective FLOPs per step: the ratio the family
+  would reach if it ran its arithmetic at the FLOP rate softmax's step reaches. XLA's cost
+  model counts a loop body once, whatever its trip count, so a solving family's effective
+  FLOPs are measured on straight-line variants of its own step (`solver.unroll`,
+  `max_steps` 1 and 2): its own solver unrolled gives one forward iteration (the forward
+  pass alone, 2 minus 1); plain Picard unrolled with the unrolled adjoint gives one
+  backward product, a VJP of the map (the step, 2 minus 1, less the forward iteration;
+  through Anderson the unrolled adjoint would also differentiate the mixing, which the
+  implicit adjoint never does). The effective FLOPs are the one-Picard-iteration step's
+  with its forward iteration replaced by k_f of the family's and (p_b - 1) backward
+  products added, k_f and p_b the mean forward iterations and backward products per solve
+  that the family's real step reports (its metrics `solver_steps`, `backward_steps`; a
+  phantom adjoint's `steps`). Families without a solver loop (softmax, Boltzmann exact, spin time
+  steps) are counted as compiled; a loop that cannot be unrolled (the free-energy saddle's
+  Newton iteration) is counted once and the bound marked `>=`.
+- `at bound`: measured ratio / bound (1: the family runs its arithmetic as fast as softmax
+  runs its own; 0.5: half the time is something else).
+- `fwd`: the forward pass's share of the step's time (the loss alone, no gradient).
+- `loop`: the forward pass with the solver's while loop over the forward pass with the same
+  arithmetic as straight-line code (the solver unrolled to the iterations the batch's
+  slowest example needs, the loop's own trip count under `vmap`): what loop control costs.
+- `k_f`, `max`, `p_b`: mean forward iterations per solve, the batch's most (the trip count a
+  vmapped loop runs), mean backward products per solve.
+
+Ratios are baseline / family (> 1: the family is faster). The numbers go to
+`--out/cost.json` and `cost.md`, written after every family (a killed run keeps what it
+measured; a rerun measures again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import spinformer as sf
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _compare import interleaved, malloc_line, ratio_header, xla_cost  # noqa: E402
+import zoo  # noqa: E402
+
+ROOT = HERE.parents[1]
+TASKS = ("brackets16", "chars", "nli")
+UNROLLABLE = (sf.solvers.Picard, sf.solvers.Anderson)  # solvers with `unroll`
+
+
+def _built(cfg, task):
+    """`(dataset, batch, state, step, loss)` of a config: the jitted training step and the
+    jitted forward loss (no gradient) on the first training batch."""
+    dataset = zoo._dataset(cfg, task)
+    model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
+    opt = sf.train.build_optimizer(cfg)
+    state = sf.train.RunState.init(model, opt)
+    objective = sf.train.build_objective(cfg)
+    step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
+                             precision=cfg.train.precision, objective=objective)
+    batch = {k: jnp.asarray(v) for k, v in dataset.batch(0, "train").items()}
+    loss = eqx.filter_jit(lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective))
+    return batch, state, step, loss
+
+
+def _flops(cfg, task) -> tuple[float, float]:
+    """XLA's FLOPs of the training step and of the forward loss alone."""
+    batch, state, step, loss = _built(cfg, task)
+    key = jax.random.key(0)
+    fwd = xla_cost(lambda m, b, k: sf.train.loss_fn(m, b, k)[0], state.model, batch, key)
+    full = xla_cost(lambda s, b, k: step(s, b, k), state, batch, key)
+    return full.flops, fwd.flops
+
+
+def _section(cfg):
+    return cfg.model.section()
+
+
+def _unrolled(cfg, k: int, adjoint: bool = True, picard: bool = False):
+    """The config with the family's solver unrolled to `k` iterations (`picard`: plain
+    Picard iterations instead, with the family's damping) and the unrolled adjoint; None
+    when its solver cannot be unrolled."""
+    section = _section(cfg)
+    if section is None or not isinstance(getattr(section, "solver", None), UNROLLABLE):
+        return None
+    name = cfg.model.attention
+    changes = {f"model.{name}.solver.unroll": True, f"model.{name}.solver.max_steps": k}
+    if picard:
+        changes[f"model.{name}.solver.name"] = "picard"
+    if adjoint:
+        changes[f"model.{name}.adjoint"] = "unrolled"
+    return cfg.replace(changes)
+
+
+def measure(cfg, task, ref, repeats: int) -> dict:
+    """One family's row (see the module docstring); `ref` is softmax's `(step, fwd)` timing
+    closures and FLOPs."""
+    batch, state, step, loss = _built(cfg, task)
+    key = jax.random.key(1)
+    t0 = time.perf_counter()
+    _, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t0
+    k_f = float(metrics.get("solver_steps", math.nan))
+    p_b = float(metrics.get("backward_steps", math.nan))
+    section = _section(cfg)
+    adjoint = getattr(section, "adjoint", None)
+    if isinstance(adjoint, sf.solvers.Phantom):
+        p_b = float(adjoint.steps)
+    k_max = _max_steps(state.model, batch)  # the slowest example: a vmapped loop's count
+    timings = interleaved({"softmax": ref["step"], "family": lambda: step(state, batch, key),
+                           "softmax_fwd": ref["fwd"],
+                           "family_fwd": lambda: loss(state.model, batch, key)},
+                          repeats=repeats)
+    row = {"compile_s": compile_s, "k_f": k_f, "k_max": k_max, "p_b": p_b,
+           "step_ms": 1e3 * timings.median("family"),
+           "softmax_step_ms": 1e3 * timings.median("softmax"),
+           "ratio": timings.ratio("softmax", "family"),
+           "fwd_share": timings.median("family_fwd") / timings.median("family")}
+    # effective FLOPs
+    if _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver ran, or no unroll
+        full, _ = _flops(cfg, task)
+        row["flops"] = full
+        row["bound_exact"] = not math.isfinite(k_f)
+    else:
+        # one backward product: a VJP of the map, measured through plain Picard iterations
+        # (the unrolled adjoint through Anderson would add the mixing's own backward pass,
+        # which the implicit adjoint never runs); one forward iteration: the family's solver
+        f1p, g1p = _flops(_unrolled(cfg, 1, picard=True), task)
+        f2p, g2p = _flops(_unrolled(cfg, 2, picard=True), task)
+        if isinstance(section.solver, sf.solvers.Picard):
+            g1, g2 = g1p, g2p
+        else:
+            g1, g2 = (_flops(_unrolled(cfg, k, adjoint=False), task)[1] for k in (1, 2))
+        d_f, d_b = g2 - g1, (f2p - f1p) - (g2p - g1p)
+        row.update(flops=f1p - (g2p - g1p) + k_f * d_f + (p_b - 1) * d_b,
+                   fwd_iteration_flops=d_f, bwd_product_flops=d_b, bound_exact=True)
+        # loop control: the real forward pass against the same iterations straight-line
+        k = max(1, math.ceil(k_max if math.isfinite(k_max) else k_f))
+        _, st_u, _, loss_u = _built(_unrolled(cfg, k, adjoint=False), task)
+        t = interleaved({"loop": lambda: loss(state.model, batch, key),
+                         "straight": lambda: loss_u(st_u.model, batch, key)}, repeats=repeats)
+        row["loop_overhead"] = t.ratio("loop", "straight")
+    row["bound"] = ref["flops"] / row["flops"]
+    row["at_bound"] = row["ratio"] / row["bound"]
+    return row
+
+
+def _max_steps(model, batch) -> float:
+    """The most forward iterations any example of the batch takes (over layers too)."""
+    def diag(m, b):
+        out = jax.vmap(lambda x: m(x, return_diagnostics=True))(b["inputs"])
+        return out[1]
+    try:
+        d = eqx.filter_jit(diag)(model, batch)
+    except Exception:  # a model whose call takes more (pairs, images): not reported
+        return math.nan
+    steps = [leaf.num_steps for leaf in jax.tree.leaves(
+        d, is_leaf=lambda x: isinstance(x, sf.solvers.Solution) or hasattr(x, "num_steps"))
+        if hasattr(leaf, "num_steps")]
+    return float(max(jnp.max(s) for s in steps)) if steps else math.nan
+
+
+def table(rows: dict) -> str:
+    lines = ["| task | family | step (ms) | softmax (ms) | ratio | bound | at bound | fwd | "
+             "loop | k_f | max | p_b |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in rows.items():
+        task, fam = key.split("/")
+        if "error" in r:
+            lines.append(f"| {task} | {fam} | {r['error']} |" + " |" * 10)
+            continue
+        ge = "" if r.get("bound_exact", True) else "≥ "
+        f = lambda v, spec=".2f": "—" if v is None or (isinstance(v, float) and math.isnan(v)) \
+            else format(v, spec)  # noqa: E731
+        lines.append(f"| {task} | {fam} | {f(r['step_ms'], '.1f')} | "
+                     f"{f(r['softmax_step_ms'], '.1f')} | {f(r['ratio'])} | {ge}{f(r['bound'])} | "
+                     f"{f(r['at_bound'])} | {f(r['fwd_share'])} | {f(r.get('loop_overhead'))} | "
+                     f"{f(r['k_f'], '.1f')} | {f(r['k_max'], '.0f')} | {f(r['p_b'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=None, help=f"comma-separated (default {','.join(TASKS)})")
+    p.add_argument("--families", default=None, help="comma-separated (default: every family "
+                   "the grid runs on the task)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="brackets16 only, 3 repeats")
+    p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "cost"))
+    args = p.parse_args()
+    grid = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
+    tasks = ["brackets16"] if args.quick else (args.tasks.split(",") if args.tasks else TASKS)
+    repeats = 3 if args.quick else args.repeats
+    families = args.families.split(",") if args.families else list(grid["families"])
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(malloc_line())
+    print(ratio_header("softmax", "family"))
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}")
+    rows: dict = {}
+    for task in tasks:
+        cells = zoo.plan_cells(grid, [task], ["softmax", *families])
+        ref_cfg = zoo.base_config(grid, task, "softmax", cells[task, "softmax"].changes)
+        if cells[task, "softmax"].reason:
+            print(f"{task}: {cells[task, 'softmax'].reason}")
+            continue
+        batch, state, step, loss = _built(ref_cfg, task)
+        key = jax.random.key(1)
+        ref = {"step": lambda: step(state, batch, key),
+               "fwd": lambda: loss(state.model, batch, key),
+               "flops": _flops(ref_cfg, task)[0]}
+        for fam in families:
+            if fam == "softmax":
+                continue
+            cell = cells[task, fam]
+            if cell.reason:
+                continue
+            cfg = zoo.base_config(grid, task, fam, cell.changes)
+            try:
+                rows[f"{task}/{fam}"] = r = measure(cfg, task, ref, repeats)
+            except Exception as e:  # noqa: BLE001: a row that says why
+                rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}
+            print(f"{task:12s} {fam:20s} " + json.dumps(
+                {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
+                flush=True)
+            (out / "cost.json").write_text(json.dumps(rows, indent=1))
+            (out / "cost.md").write_text(table(rows))
+            sf_release()
+    print(table(rows))
+
+
+def sf_release() -> None:
+    from _cli import release_compiled_code
+
+    release_compiled_code()
+
+
+if __name__ == "__main__":
+    main()
