@@ -40,8 +40,10 @@ def _try(name):
     try:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        need = ("it needs Python >= 3.12" if name == "banax" and sys.version_info < (3, 12)
+                else "the peers are the bench extra: pip install -e \".[bench]\"")
         print(f"{name}: not available here ({type(e).__name__}: {str(e).splitlines()[0]}); "
-              "the peers are the bench extra: pip install -e \".[bench]\"")
+              f"{need}")
         return None
 
 
@@ -336,7 +338,8 @@ def main():
 
     print("\n## Summary: fastest peer / fastest spinformer (> 1: spinformer faster)")
     for k, r in ratios.items():
-        print(f"- {k}: x{r:.2f} -> {'met' if r >= 1 else 'NOT met'}")
+        print(f"- {k}: no peer available" if r != r else
+              f"- {k}: x{r:.2f} -> {'met' if r >= 1 else 'NOT met'}")
 
 
 if __name__ == "__main__":
