@@ -14,9 +14,12 @@ cfg.replace({"train.steps": 5, "model.spin.update": "mean_field"}).train.steps  
 The model section holds the options of its attention as a sub-section named after it
 (`model.spin`, `model.boltzmann`, ...): each attention module declares its own config
 dataclass with `spinformer.nn.register_attention`, and every `ModelConfig` reads the registry
-when it is made. `keys(section)` lists a section's keys with their defaults, meanings and
-choices; this module is also the one walk of the schema that reading, `--set`, `describe`
-and the tests use.
+when it is made. A solver, an adjoint or an algorithm (`option(..., kind=...)`) is an object
+in its section; a file writes its registered name, or a mapping of its name and the fields
+of its class (`solver: {name: picard, damping: 0.3}`), and reading builds the object.
+`keys(section)` lists a section's keys with their defaults, meanings and choices
+(`keys(obj, kind)` an object's); this module is also the one walk of the schema that reading,
+`--set`, `describe` and the tests use.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ measured time ratio beside the arithmetic bound, at the zoo's task sizes.
 
 For each task of the zoo's grid (`configs/zoo/full.yaml`) and each family the grid runs on it,
 built as the zoo builds the cell (its config changes, parameters matched to softmax's), with
-the first learning-rate candidate and seed 0, on the first training batch:
+the first learning-rate candidate and seed 0, after `--train-steps` training steps (200; at
+initialisation the couplings are weak and the solves trivial), on the next batch:
 
 - `ratio`: softmax's step time / the family's (the jitted training step, compile excluded;
   medians over rounds that alternate softmax and the family, `_compare.interleaved`).
@@ -32,6 +33,8 @@ the first learning-rate candidate and seed 0, on the first training batch:
 - `loop`: the forward pass with the solver's while loop over the forward pass with the same
   arithmetic as straight-line code (the solver unrolled to the iterations the batch's
   slowest example needs, the loop's own trip count under `vmap`): what loop control costs.
+  Not measured (—) above 16 iterations, whose straight-line programs take minutes to
+  compile.
 - `k_f`, `max`, `p_b`: mean forward iterations per solve, the batch's most (the trip count a
   vmapped loop runs), mean backward products per solve.
 
@@ -64,11 +67,13 @@ import zoo  # noqa: E402
 ROOT = HERE.parents[1]
 TASKS = ("brackets16", "chars", "nli")
 UNROLLABLE = (sf.solvers.Picard, sf.solvers.Anderson)  # solvers with `unroll`
+MAX_UNROLL = 16  # the most iterations the `loop` column writes out as straight-line code
 
 
-def _built(cfg, task):
-    """`(dataset, batch, state, step, loss)` of a config: the jitted training step and the
-    jitted forward loss (no gradient) on the first training batch."""
+def _built(cfg, task, train_steps: int = 0):
+    """`(batch, state, step, loss)` of a config: the jitted training step, the jitted
+    forward loss (no gradient), and the state after `train_steps` training steps on the
+    task's batches (the batch returned is the next one)."""
     dataset = zoo._dataset(cfg, task)
     model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
     opt = sf.train.build_optimizer(cfg)
@@ -76,9 +81,11 @@ def _built(cfg, task):
     objective = sf.train.build_objective(cfg)
     step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
                              precision=cfg.train.precision, objective=objective)
-    batch = {k: jnp.asarray(v) for k, v in dataset.batch(0, "train").items()}
+    batch = lambda i: {k: jnp.asarray(v) for k, v in dataset.batch(i, "train").items()}  # noqa
+    for i in range(train_steps):
+        state, _ = step(state, batch(i), jax.random.key(i))
     loss = eqx.filter_jit(lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective))
-    return batch, state, step, loss
+    return batch(train_steps), state, step, loss
 
 
 def _flops(cfg, task) -> tuple[float, float]:
@@ -110,15 +117,15 @@ def _unrolled(cfg, k: int, adjoint: bool = True, picard: bool = False):
     return cfg.replace(changes)
 
 
-def measure(cfg, task, ref, repeats: int) -> dict:
+def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
     """One family's row (see the module docstring); `ref` is softmax's `(step, fwd)` timing
     closures and FLOPs."""
-    batch, state, step, loss = _built(cfg, task)
-    key = jax.random.key(1)
     t0 = time.perf_counter()
+    batch, state, step, loss = _built(cfg, task, train_steps)
+    key = jax.random.key(1)
     _, metrics = step(state, batch, key)
     jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0
     k_f = float(metrics.get("solver_steps", math.nan))
     p_b = float(metrics.get("backward_steps", math.nan))
     section = _section(cfg)
@@ -130,7 +137,7 @@ def measure(cfg, task, ref, repeats: int) -> dict:
                            "softmax_fwd": ref["fwd"],
                            "family_fwd": lambda: loss(state.model, batch, key)},
                           repeats=repeats)
-    row = {"compile_s": compile_s, "k_f": k_f, "k_max": k_max, "p_b": p_b,
+    row = {"train_s": train_s, "k_f": k_f, "k_max": k_max, "p_b": p_b,
            "step_ms": 1e3 * timings.median("family"),
            "softmax_step_ms": 1e3 * timings.median("softmax"),
            "ratio": timings.ratio("softmax", "family"),
@@ -155,13 +162,24 @@ def measure(cfg, task, ref, repeats: int) -> dict:
                    fwd_iteration_flops=d_f, bwd_product_flops=d_b, bound_exact=True)
         # loop control: the real forward pass against the same iterations straight-line
         k = max(1, math.ceil(k_max if math.isfinite(k_max) else k_f))
-        _, st_u, _, loss_u = _built(_unrolled(cfg, k, adjoint=False), task)
-        t = interleaved({"loop": lambda: loss(state.model, batch, key),
-                         "straight": lambda: loss_u(st_u.model, batch, key)}, repeats=repeats)
-        row["loop_overhead"] = t.ratio("loop", "straight")
+        if k <= MAX_UNROLL:  # longer straight-line programs take minutes to compile
+            _, st_u, _, loss_u = _built(_unrolled(cfg, k, adjoint=False), task)
+            model_u = _with_arrays(st_u.model, state.model)  # the trained parameters
+            t = interleaved({"loop": lambda: loss(state.model, batch, key),
+                             "straight": lambda: loss_u(model_u, batch, key)},
+                            repeats=repeats)
+            row["loop_overhead"] = t.ratio("loop", "straight")
     row["bound"] = ref["flops"] / row["flops"]
     row["at_bound"] = row["ratio"] / row["bound"]
     return row
+
+
+def _with_arrays(model, source):
+    """`model` (its solver and other static choices) with the arrays of `source`, a model
+    of the same architecture (the trained parameters)."""
+    arrays, static = eqx.partition(model, eqx.is_array)
+    leaves = jax.tree.leaves(eqx.filter(source, eqx.is_array))
+    return eqx.combine(jax.tree.unflatten(jax.tree.structure(arrays), leaves), static)
 
 
 def _max_steps(model, batch) -> float:
@@ -203,12 +221,16 @@ def main() -> None:
     p.add_argument("--families", default=None, help="comma-separated (default: every family "
                    "the grid runs on the task)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--train-steps", type=int, default=200, help="training steps before "
+                   "measuring (at initialisation the couplings are weak and the solves "
+                   "trivial: Boltzmann mean field converges in 0 steps)")
     p.add_argument("--quick", action="store_true", help="brackets16 only, 3 repeats")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "cost"))
     args = p.parse_args()
     grid = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
     tasks = ["brackets16"] if args.quick else (args.tasks.split(",") if args.tasks else TASKS)
     repeats = 3 if args.quick else args.repeats
+    args.train_steps = 20 if args.quick else args.train_steps
     families = args.families.split(",") if args.families else list(grid["families"])
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +244,7 @@ def main() -> None:
         if cells[task, "softmax"].reason:
             print(f"{task}: {cells[task, 'softmax'].reason}")
             continue
-        batch, state, step, loss = _built(ref_cfg, task)
+        batch, state, step, loss = _built(ref_cfg, task, args.train_steps)
         key = jax.random.key(1)
         ref = {"step": lambda: step(state, batch, key),
                "fwd": lambda: loss(state.model, batch, key),
@@ -235,7 +257,7 @@ def main() -> None:
                 continue
             cfg = zoo.base_config(grid, task, fam, cell.changes)
             try:
-                rows[f"{task}/{fam}"] = r = measure(cfg, task, ref, repeats)
+                rows[f"{task}/{fam}"] = r = measure(cfg, task, ref, repeats, args.train_steps)
             except Exception as e:  # noqa: BLE001: a row that says why
                 rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}
             print(f"{task:12s} {fam:20s} " + json.dumps(
