@@ -46,9 +46,9 @@ from typing import Any, Callable, ClassVar, Optional, Union
 from . import solvers
 
 __all__ = ["Choice", "ConfigError", "Registration", "attention_names", "check_solvers",
-           "choice", "choice_names", "default_attention", "get_attention", "kinds_of",
-           "name_of", "option", "register_attention", "register_choice", "registrations",
-           "unregister_attention"]
+           "check_values", "choice", "choice_names", "default_attention", "get_attention",
+           "kinds_of", "name_of", "option", "register_attention", "register_choice",
+           "registrations", "unregister_attention"]
 
 
 class ConfigError(ValueError):
