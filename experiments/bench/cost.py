@@ -39,8 +39,8 @@ initialisation the couplings are weak and the solves trivial), on the next batch
   vmapped loop runs), mean backward products per solve.
 
 Ratios are baseline / family (> 1: the family is faster). The numbers go to
-`--out/cost.json` and `cost.md`, written after every family (a killed run keeps what it
-measured; a rerun measures again).
+`--out/cost.json` and `cost.md`, written after every family; rows already there from
+earlier runs are kept unless measured again (a killed run keeps what it measured).
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def main() -> None:
     print(malloc_line())
     print(ratio_header("softmax", "family"))
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}")
-    rows: dict = {}
+    saved = out / "cost.json"  # rows measured before stay unless measured again
+    rows: dict = json.loads(saved.read_text()) if saved.exists() else {}
     for task in tasks:
         cells = zoo.plan_cells(grid, [task], ["softmax", *families])
         ref_cfg = zoo.base_config(grid, task, "softmax", cells[task, "softmax"].changes)
