@@ -647,7 +647,7 @@ def _from_dict(raw: Optional[dict], cls, prefix: str = ""):
         if key not in schema:
             raise _unknown_key(str(key), list(schema), prefix)
         k = schema[key]
-        if k.is_section and k.kind is None:
+        if k.kind is None and k.is_section:  # a section (an object: `_value`)
             (kwargs if key in fields else sections)[key] = _from_dict(value, k.type,
                                                                       prefix + key + ".")
         else:

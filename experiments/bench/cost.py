@@ -97,15 +97,11 @@ def _flops(cfg, task) -> tuple[float, float]:
     return full.flops, fwd.flops
 
 
-def _section(cfg):
-    return cfg.model.section()
-
-
 def _unrolled(cfg, k: int, adjoint: bool = True, picard: bool = False):
     """The config with the family's solver unrolled to `k` iterations (`picard`: plain
     Picard iterations instead, with the family's damping) and the unrolled adjoint; None
     when its solver cannot be unrolled."""
-    section = _section(cfg)
+    section = cfg.model.section()
     if section is None or not isinstance(getattr(section, "solver", None), UNROLLABLE):
         return None
     name = cfg.model.attention
@@ -128,7 +124,7 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
     train_s = time.perf_counter() - t0
     k_f = float(metrics.get("solver_steps", math.nan))
     p_b = float(metrics.get("backward_steps", math.nan))
-    section = _section(cfg)
+    section = cfg.model.section()
     adjoint = getattr(section, "adjoint", None)
     if isinstance(adjoint, sf.solvers.Phantom):
         p_b = float(adjoint.steps)
