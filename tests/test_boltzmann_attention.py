@@ -97,6 +97,32 @@ def _brute_all(attn, x, ctx, vis):
     return h, m
 
 
+def _mean_field_np(h, J, K, vis, tap):
+    """Naive mean-field (or with `tap` the TAP) magnetizations per query, (n, s), by damped
+    iteration of the equations on query i's visible spins alone, in numpy float64:
+    m = tanh(h + J m + ½ Ks:mm − [TAP] m ⊙ (J ⊙ J)(1 − m²)), J the symmetric part of the
+    entries j < k, Ks the symmetric tensor of the entries j < k < l."""
+    n, s = h.shape
+    out = np.zeros((n, s))
+    for i in range(n):
+        idx = np.flatnonzero(vis[i])
+        Jv = np.triu(J[np.ix_(idx, idx)], 1)
+        Jv = Jv + Jv.T
+        Ks = np.zeros((len(idx),) * 3)
+        if K is not None:
+            for a, b, c in itertools.combinations(range(len(idx)), 3):
+                for p in itertools.permutations((a, b, c)):
+                    Ks[p] = K[idx[a], idx[b], idx[c]]
+        m = np.tanh(h[i, idx])
+        for _ in range(3000):
+            local = h[i, idx] + Jv @ m + 0.5 * np.einsum("jkl,k,l->j", Ks, m, m)
+            if tap:
+                local = local - m * ((Jv * Jv) @ (1.0 - m * m))
+            m = 0.5 * m + 0.5 * np.tanh(local)
+        out[i, idx] = m
+    return out
+
+
 def _output(attn, ctx, weights):
     """to_out(Σ_j α̃_ij v_j) in numpy."""
     o = np.einsum("hns,shd->nhd", weights, _heads(attn, ctx, "to_v"))
@@ -267,7 +293,14 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
         (_, diag), _ = value_and_grad(attn)
         stats = diag.solver
         assert np.all(np.asarray(stats.result) == solvers.RESULTS.successful)
-        assert stats.num_steps.shape == stats.residual.shape == (H, T)
+        assert stats.num_steps.shape == stats.residual.shape == (H,)  # a solve per head
+        # the magnetizations: each query's own equations, iterated in numpy
+        h = _fields(attn, x, x)
+        K = None if attn.K is None else np.asarray(attn.K, np.float64)
+        ref = np.stack([_mean_field_np(h[a], np.asarray(attn.J[a], np.float64),
+                                       None if K is None else K[a], vis, inference == "tap")
+                        for a in range(H)])
+        np.testing.assert_allclose(np.asarray(diag.magnetizations), ref, atol=1e-10)
         # implicit gradients against finite differences of the same (tightly solved) fixed point
         where = ("J", "to_q.weight", "to_k.weight") + (("K",) if "K" in mode else ())
         _check_fd(attn, value_and_grad, 50, where=where, rtol=1e-6)
