@@ -14,6 +14,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom
+from ._lanes import while_lanes
 from ._linear import Auto
 from ._reversible import Reversible, ReversibleAdjoint
 from ._results import _CODES, RESULTS, Solution, backward_error_if
@@ -131,14 +132,17 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
     max_steps = solver.max_steps
 
     def run_loop(prob, args, *, differentiable, x0, budget=None, last=False):
-        limit = max_steps if budget is None else jnp.minimum(budget, max_steps)
+        limit = jnp.asarray(max_steps if budget is None else jnp.minimum(budget, max_steps))
+        ops = (best, prob, args, limit)  # what the loop reads besides its carry
 
-        def cond(carry):
+        def cond_of(ops, carry):
+            best, _, _, limit = ops
             state, k = carry[:2]
             done, _ = best.terminate(state)
             return ~done & (k < limit)
 
-        def body(carry):
+        def body_of(ops, carry):
+            best, prob, args, _ = ops
             state, k = carry[:2]
             state = best.step(prob, state, args)
             k = k + 1
@@ -156,6 +160,12 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
                 return state, k, carry[2].at[k].set(best.best(state)[2])
             return state, k
 
+        def cond(carry):
+            return cond_of(ops, carry)
+
+        def body(carry):
+            return body_of(ops, carry)
+
         state0 = best.init(prob, x0, args)
         init = (state0, jnp.asarray(0, jnp.int32))
         last0 = best.best(state0)[2]
@@ -169,8 +179,10 @@ def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
                 out = jax.tree.map(lambda a, b: jnp.where(go, a, b), body(out), out)
         elif differentiable:
             out = eqxi.while_loop(cond, body, init, max_steps=max_steps, kind="checkpointed")
-        else:
+        elif verbose:
             out = jax.lax.while_loop(cond, body, init)
+        else:  # under vmap, finished systems stop costing (`while_lanes`)
+            out = while_lanes(cond_of, body_of, ops, init)
         state, k = out[:2]
         history = jax.lax.stop_gradient(out[2]) if trace else None
         done, code = best.terminate(state)
