@@ -24,9 +24,11 @@ initialisation the couplings are weak and the solves trivial), on the next batch
   with its forward iteration replaced by k_f of the family's and (p_b - 1) backward
   products added, k_f and p_b the mean forward iterations and backward products per solve
   that the family's real step reports (its metrics `solver_steps`, `backward_steps`; a
-  phantom adjoint's `steps`). Families without a solver loop (softmax, Boltzmann exact, spin time
-  steps) are counted as compiled; a loop that cannot be unrolled (the free-energy saddle's
-  Newton iteration) is counted once and the bound marked `>=`.
+  phantom adjoint's `steps`). A fixed-length scan (the Energy Transformer's descent) is
+  measured at lengths 1 and 2 and extrapolated to its length. Families without a loop
+  (softmax, Boltzmann exact, spin time steps) are counted as compiled; a loop that cannot
+  be unrolled (the free-energy saddle's Newton iteration) is counted once and the bound
+  marked `>=`.
 - `at bound`: measured ratio / bound (1: the family runs its arithmetic as fast as softmax
   runs its own; 0.5: half the time is something else).
 - `fwd`: the forward pass's share of the step's time (the loss alone, no gradient).
@@ -68,6 +70,8 @@ ROOT = HERE.parents[1]
 TASKS = ("brackets16", "chars", "nli")
 UNROLLABLE = (sf.solvers.Picard, sf.solvers.Anderson)  # solvers with `unroll`
 MAX_UNROLL = 16  # the most iterations the `loop` column writes out as straight-line code
+# families whose iteration is a `lax.scan` of fixed length: the config key of that length
+SCANNED = {"energy_transformer": "steps"}
 
 
 def _built(cfg, task, train_steps: int = 0):
@@ -139,7 +143,13 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
            "ratio": timings.ratio("softmax", "family"),
            "fwd_share": timings.median("family_fwd") / timings.median("family")}
     # effective FLOPs
-    if _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver ran, or no unroll
+    name = cfg.model.attention
+    if name in SCANNED:  # a scan of fixed length: its body once, then the other steps
+        steps = getattr(section, SCANNED[name])
+        f1, f2 = (_flops(cfg.replace({f"model.{name}.{SCANNED[name]}": k}), task)[0]
+                  for k in (1, 2))
+        row.update(flops=f1 + (steps - 1) * (f2 - f1), bound_exact=True)
+    elif _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver, or no unroll
         full, _ = _flops(cfg, task)
         row["flops"] = full
         row["bound_exact"] = not math.isfinite(k_f)
