@@ -24,8 +24,8 @@ initialisation the couplings are weak and the solves trivial), on the next batch
   with its forward iteration replaced by k_f of the family's and (p_b - 1) backward
   products added, k_f and p_b the mean forward iterations and backward products per solve
   that the family's real step reports (its metrics `solver_steps`, `backward_steps`; a
-  phantom adjoint's `steps`). A fixed-length scan (the Energy Transformer's descent) is
-  measured at lengths 1 and 2 and extrapolated to its length. Families without a loop
+  phantom adjoint's `steps`). Scans of fixed length (the stacked layers, the Energy
+  Transformer's descent) are written out for the count. Families without a solver loop
   (softmax, Boltzmann exact, spin time steps) are counted as compiled; a loop that cannot
   be unrolled (the free-energy saddle's Newton iteration) is counted once and the bound
   marked `>=`.
@@ -70,8 +70,7 @@ ROOT = HERE.parents[1]
 TASKS = ("brackets16", "chars", "nli")
 UNROLLABLE = (sf.solvers.Picard, sf.solvers.Anderson)  # solvers with `unroll`
 MAX_UNROLL = 16  # the most iterations the `loop` column writes out as straight-line code
-# families whose iteration is a `lax.scan` of fixed length: the config key of that length
-SCANNED = {"energy_transformer": "steps"}
+MAX_SCAN = 64  # scans up to this length are written out when FLOPs are counted (`_flops`)
 
 
 def _built(cfg, task, train_steps: int = 0):
@@ -93,11 +92,23 @@ def _built(cfg, task, train_steps: int = 0):
 
 
 def _flops(cfg, task) -> tuple[float, float]:
-    """XLA's FLOPs of the training step and of the forward loss alone."""
-    batch, state, step, loss = _built(cfg, task)
-    key = jax.random.key(0)
-    fwd = xla_cost(lambda m, b, k: sf.train.loss_fn(m, b, k)[0], state.model, batch, key)
-    full = xla_cost(lambda s, b, k: step(s, b, k), state, batch, key)
+    """XLA's FLOPs of the training step and of the forward loss alone, with every
+    `lax.scan` of at most `MAX_SCAN` steps written out (XLA counts a loop's body once: the
+    stacked layers' scan over depth, the Energy Transformer's descent)."""
+    scan = jax.lax.scan
+
+    def unrolled_scan(f, init, xs=None, length=None, **kw):
+        n = length if length is not None else len(jax.tree.leaves(xs)[0])
+        return scan(f, init, xs, length, **{**kw, "unroll": True} if n <= MAX_SCAN else kw)
+
+    jax.lax.scan = unrolled_scan
+    try:
+        batch, state, step, loss = _built(cfg, task)
+        key = jax.random.key(0)
+        fwd = xla_cost(lambda m, b, k: sf.train.loss_fn(m, b, k)[0], state.model, batch, key)
+        full = xla_cost(lambda s, b, k: step(s, b, k), state, batch, key)
+    finally:
+        jax.lax.scan = scan
     return full.flops, fwd.flops
 
 
@@ -142,30 +153,8 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
            "softmax_step_ms": 1e3 * timings.median("softmax"),
            "ratio": timings.ratio("softmax", "family"),
            "fwd_share": timings.median("family_fwd") / timings.median("family")}
-    # effective FLOPs
-    name = cfg.model.attention
-    if name in SCANNED:  # a scan of fixed length: its body once, then the other steps
-        steps = getattr(section, SCANNED[name])
-        f1, f2 = (_flops(cfg.replace({f"model.{name}.{SCANNED[name]}": k}), task)[0]
-                  for k in (1, 2))
-        row.update(flops=f1 + (steps - 1) * (f2 - f1), bound_exact=True)
-    elif _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver, or no unroll
-        full, _ = _flops(cfg, task)
-        row["flops"] = full
-        row["bound_exact"] = not math.isfinite(k_f)
-    else:
-        # one backward product: a VJP of the map, measured through plain Picard iterations
-        # (the unrolled adjoint through Anderson would add the mixing's own backward pass,
-        # which the implicit adjoint never runs); one forward iteration: the family's solver
-        f1p, g1p = _flops(_unrolled(cfg, 1, picard=True), task)
-        f2p, g2p = _flops(_unrolled(cfg, 2, picard=True), task)
-        if isinstance(section.solver, sf.solvers.Picard):
-            g1, g2 = g1p, g2p
-        else:
-            g1, g2 = (_flops(_unrolled(cfg, k, adjoint=False), task)[1] for k in (1, 2))
-        d_f, d_b = g2 - g1, (f2p - f1p) - (g2p - g1p)
-        row.update(flops=f1p - (g2p - g1p) + k_f * d_f + (p_b - 1) * d_b,
-                   fwd_iteration_flops=d_f, bwd_product_flops=d_b, bound_exact=True)
+    row.update(effective_flops(cfg, task, k_f, p_b))
+    if row.get("fwd_iteration_flops") is not None:
         # loop control: the real forward pass against the same iterations straight-line
         k = max(1, math.ceil(k_max if math.isfinite(k_max) else k_f))
         if k <= MAX_UNROLL:  # longer straight-line programs take minutes to compile
@@ -178,6 +167,27 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
     row["bound"] = ref["flops"] / row["flops"]
     row["at_bound"] = row["ratio"] / row["bound"]
     return row
+
+
+def effective_flops(cfg, task, k_f: float, p_b: float) -> dict:
+    """`flops` (the effective FLOPs of a step with mean forward iterations `k_f` and
+    backward products `p_b`), `bound_exact`, and for an unrollable solver
+    `fwd_iteration_flops` and `bwd_product_flops` (see the module docstring)."""
+    section = cfg.model.section()
+    if _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver, or no unroll
+        return {"flops": _flops(cfg, task)[0], "bound_exact": not math.isfinite(k_f)}
+    # one backward product: a VJP of the map, measured through plain Picard iterations
+    # (the unrolled adjoint through Anderson would add the mixing's own backward pass,
+    # which the implicit adjoint never runs); one forward iteration: the family's solver
+    f1p, g1p = _flops(_unrolled(cfg, 1, picard=True), task)
+    f2p, g2p = _flops(_unrolled(cfg, 2, picard=True), task)
+    if isinstance(section.solver, sf.solvers.Picard):
+        g1, g2 = g1p, g2p
+    else:
+        g1, g2 = (_flops(_unrolled(cfg, k, adjoint=False), task)[1] for k in (1, 2))
+    d_f, d_b = g2 - g1, (f2p - f1p) - (g2p - g1p)
+    return {"flops": f1p - (g2p - g1p) + k_f * d_f + (p_b - 1) * d_b,
+            "fwd_iteration_flops": d_f, "bwd_product_flops": d_b, "bound_exact": True}
 
 
 def _with_arrays(model, source):
@@ -231,6 +241,8 @@ def main() -> None:
                    "measuring (at initialisation the couplings are weak and the solves "
                    "trivial: Boltzmann mean field converges in 0 steps)")
     p.add_argument("--quick", action="store_true", help="brackets16 only, 3 repeats")
+    p.add_argument("--flops-only", action="store_true", help="recount the FLOPs (bound, "
+                   "at bound) of the rows already in --out, keeping their timings")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "cost"))
     args = p.parse_args()
     grid = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
@@ -251,20 +263,27 @@ def main() -> None:
         if cells[task, "softmax"].reason:
             print(f"{task}: {cells[task, 'softmax'].reason}")
             continue
-        batch, state, step, loss = _built(ref_cfg, task, args.train_steps)
-        key = jax.random.key(1)
-        ref = {"step": lambda: step(state, batch, key),
-               "fwd": lambda: loss(state.model, batch, key),
-               "flops": _flops(ref_cfg, task)[0]}
+        ref = {"flops": _flops(ref_cfg, task)[0]}
+        if not args.flops_only:
+            batch, state, step, loss = _built(ref_cfg, task, args.train_steps)
+            key = jax.random.key(1)
+            ref.update(step=lambda: step(state, batch, key),
+                       fwd=lambda: loss(state.model, batch, key))
         for fam in families:
-            if fam == "softmax":
-                continue
             cell = cells[task, fam]
-            if cell.reason:
+            old = rows.get(f"{task}/{fam}")
+            if fam == "softmax" or cell.reason or (args.flops_only and (
+                    old is None or "error" in old)):
                 continue
             cfg = zoo.base_config(grid, task, fam, cell.changes)
             try:
-                rows[f"{task}/{fam}"] = r = measure(cfg, task, ref, repeats, args.train_steps)
+                if args.flops_only:  # the timings stay; the bound is recounted
+                    r = {**old, **effective_flops(cfg, task, old["k_f"], old["p_b"])}
+                    r.update(bound=ref["flops"] / r["flops"])
+                    r.update(at_bound=r["ratio"] / r["bound"])
+                else:
+                    r = measure(cfg, task, ref, repeats, args.train_steps)
+                rows[f"{task}/{fam}"] = r
             except Exception as e:  # noqa: BLE001: a row that says why
                 rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}
             print(f"{task:12s} {fam:20s} " + json.dumps(
