@@ -3,9 +3,12 @@
 `jax.lax.while_loop` under `vmap` runs its body on every example until the slowest one is
 done, keeping the finished ones with a `select`: a batch whose solves take 17 iterations on
 average and 73 at most pays 73 for all of them. `while_lanes` gives the same result (every
-system goes through the same iterations, bit for bit) at the cost of its active systems:
-once at most a quarter of them are still running, it gathers those into a smaller batch and
-runs the loop on that, and again at a quarter of that, down to a few systems.
+system goes through the same iterations, bit for bit) at about the cost of its active
+systems: once at most half of them are still running, it gathers those into a batch half the
+size and runs the loop on that, and so on down to two systems. Each level compiles one more
+copy of the loop body (7 for the 128 systems of 32 examples × 4 heads); on modern Hopfield
+retrieval (21 iterations on average, 73 at most) halving beat quartering, 87 against 101 ms
+a training step, and the plain loop took 131 ms.
 
 Nested `vmap`s (examples × heads) are flattened into one batch of systems first, so the
 compaction sees every system of the call at once.
@@ -19,8 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-# Each level gathers the active systems into a batch this many times smaller than the last;
-# every level compiles one more copy of the loop body.
+# Each level gathers the active systems into a batch this many times smaller than the last.
 _SHRINK = 2
 
 
