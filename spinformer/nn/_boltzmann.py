@@ -174,9 +174,9 @@ class _FixedPoint(BoltzmannInference):
     when the slowest query has converged, which is where a vmapped per-query loop stops as
     well. Solved together, an iteration is one `(n, s) × (s, s)` product per head instead of
     n matrix-vector products with per-query couplings `(n, s, s)`, and the backward pass is
-    one linear solve per head instead of n small ones: 4.7× less time for the training
-    step's backward pass on the characters task (see docs/families/boltzmann.md). Anderson
-    mixes the whole head's iterates with one set of coefficients."""
+    one linear solve per head instead of n small ones: the training step's backward pass on
+    the characters task takes about 2.5× less time (see docs/families/boltzmann.md).
+    Anderson mixes the whole head's iterates with one set of coefficients."""
 
     def update(self, m, h, J, K, vis):
         """One update of every query's magnetizations `m (n, s)` from fields `h (n, s)`
