@@ -216,7 +216,8 @@ def _max_steps(model, batch) -> float:
 def table(rows: dict) -> str:
     lines = ["| task | family | step (ms) | softmax (ms) | ratio | bound | at bound | fwd | "
              "loop | k_f | max | p_b |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, r in rows.items():
+    order = {t: i for i, t in enumerate(TASKS)}  # rows by task, each task's in run order
+    for key, r in sorted(rows.items(), key=lambda kv: order.get(kv[0].split("/")[0], 99)):
         task, fam = key.split("/")
         if "error" in r:
             lines.append(f"| {task} | {fam} | {r['error']} |" + " |" * 10)
