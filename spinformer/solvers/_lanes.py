@@ -142,6 +142,7 @@ def _compact(cond, body, d_axes, d, c):
             return (jax.tree.map(lambda full, part: full.at[idx].set(part), c, cc),
                     active.at[idx].set(act))
 
-        # a level with nothing left to run costs no gather
-        c, active = jax.lax.cond(jnp.any(active), gathered, lambda c, a: (c, a), c, active)
+        # a level that would not iterate (few enough already) costs no gather
+        c, active = jax.lax.cond(jnp.sum(active) > stop_at, gathered, lambda c, a: (c, a),
+                                 c, active)
     return c
