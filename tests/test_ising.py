@@ -222,3 +222,26 @@ def test_three_body_mean_field_against_explicit_sums(x64):
     # K = 0 is the pairwise equation
     np.testing.assert_allclose(ising.mean_field(h, J, K=np.zeros((n, n, n))).value,
                                ising.mean_field(h, J).value, atol=1e-12)
+
+
+def test_updates_with_visible_spins_are_the_updates_of_the_visible_subsystem(x64):
+    """`visible` removes spins: the update on the visible ones equals the update of the
+    model built from their fields and couplings alone, and the removed ones stay at 0."""
+    rng = np.random.default_rng(7)
+    n = 6
+    h, m = rng.normal(size=n), rng.uniform(-0.9, 0.9, size=n)
+    J = ising.symmetrize(rng.normal(size=(n, n)) * 0.4)
+    K = rng.normal(size=(n, n, n)) * 0.3
+    vis = np.array([1, 0, 1, 1, 0, 1], float)
+    idx = np.flatnonzero(vis)
+    sub = np.ix_(idx, idx)
+    for full, part in (
+        (ising.mean_field_update(m, h, J, K=K, beta=0.7, visible=vis),
+         ising.mean_field_update(m[idx], h[idx], J[sub], beta=0.7,
+                                 K=K[np.ix_(idx, idx, idx)])),
+        (ising.tap_update(m, h, J, beta=0.7, visible=vis),
+         ising.tap_update(m[idx], h[idx], J[sub], beta=0.7)),
+    ):
+        full = np.asarray(full)
+        np.testing.assert_allclose(full[idx], part, atol=1e-12)
+        np.testing.assert_array_equal(full[vis == 0], 0.0)

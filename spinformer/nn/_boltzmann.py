@@ -43,7 +43,6 @@ from .. import solvers
 from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import ising, samplers
-from ..spins._common import sym3
 from ._diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
@@ -174,15 +173,15 @@ class _FixedPoint(BoltzmannInference):
     when the slowest query has converged, which is where a vmapped per-query loop stops as
     well. Solved together, an iteration is one `(n, s) × (s, s)` product per head instead of
     n matrix-vector products with per-query couplings `(n, s, s)`, and the backward pass is
-    one linear solve per head instead of n small ones: the training step's backward pass on
-    the characters task takes about 2.5× less time (see docs/families/boltzmann.md).
-    Anderson mixes the whole head's iterates with one set of coefficients."""
+    one linear solve per head instead of n small ones (measured in
+    docs/families/boltzmann.md). Anderson mixes the whole head's iterates with one set of
+    coefficients."""
 
     def update(self, m, h, J, K, vis):
         """One update of every query's magnetizations `m (n, s)` from fields `h (n, s)`
         (0 at hidden positions), couplings `J (s, s)` (symmetric, zero diagonal), `K` or
         None and `vis (n, s)` (1 where query i sees position j): query i's model keeps only
-        its visible spins (couplings J_jk v_ij v_ik), so hidden magnetizations stay 0."""
+        its visible spins, so hidden magnetizations stay 0."""
         raise NotImplementedError
 
     def queries(self, h, J, K, vis, keys, *, solver, adjoint, throw):
@@ -200,24 +199,15 @@ class _FixedPoint(BoltzmannInference):
         return Stats.none((H,), dtype)
 
 
-def _local_field(m, h, J, K, vis):
-    """h_ij + Σ_k J_jk v_ik m_ik [+ ½ Σ_kl Ks_jkl m_ik m_il] at visible positions, `(n, s)`
-    (J symmetric, so the rows of `(v ⊙ m) J` are J (v_i ⊙ m_i)); hidden magnetizations are
-    0, so the three-body term needs no mask of its own."""
-    local = h + vis * ((vis * m) @ J)
-    if K is not None:
-        local = local + 0.5 * vis * jnp.einsum("jkl,nk,nl->nj", sym3(K), m, m)
-    return local
-
-
 @register_choice("boltzmann.inference", "mean_field")
 @dataclasses.dataclass(frozen=True)
 class MeanFieldInference(_FixedPoint):
-    """`mean_field`: naive mean field m = tanh(h + J m [+ ½ K:mm]) (`ising.mean_field` for
-    each query's visible spins)."""
+    """`mean_field`: naive mean field m = tanh(h + J m [+ ½ K:mm])
+    (`ising.mean_field_update` on each query's visible spins)."""
 
     def update(self, m, h, J, K, vis):
-        return vis * jnp.tanh(_local_field(m, h, J, K, vis))
+        return jax.vmap(lambda mq, hq, vq: ising.mean_field_update(
+            mq, hq, J, K=K, visible=vq))(m, h, vis)
 
 
 @register_choice("boltzmann.inference", "tap")
@@ -234,9 +224,8 @@ class TAPInference(_FixedPoint):
 
     def update(self, m, h, J, K, vis):
         del K  # pairwise only (checked at construction)
-        # the Onsager term of `ising.tap_update`, m_ij Σ_k J_jk² (1 − m_ik²) over visible k
-        onsager = m * ((vis * (1.0 - m * m)) @ (J * J))
-        return vis * jnp.tanh(_local_field(m, h, J, None, vis) - onsager)
+        return jax.vmap(lambda mq, hq, vq: ising.tap_update(mq, hq, J, visible=vq))(
+            m, h, vis)
 
 
 class BoltzmannSampler(BoltzmannInference):
@@ -373,9 +362,8 @@ class BoltzmannConfig:
     solver: solvers.AbstractSolver = option(
         solvers.Picard(tol=1e-4, max_steps=100, damping=0.2),
         "mean_field/tap: the fixed-point solver", kind="solver")
-    # the backward solve to 1e-4, the forward's tolerance: tighter buys no accuracy that the
-    # forward fixed point has (the default 1e-5 took 5.6 products per solve on generated
-    # NLI against 4.1, for gradients that differ by 1e-3 relative)
+    # the backward solve to the forward's tolerance: tighter buys no accuracy that the
+    # forward fixed point has (docs/families/boltzmann.md)
     adjoint: solvers.AbstractAdjoint = option(
         solvers.Implicit(tol=1e-4), "mean_field/tap: how gradients flow through the fixed "
         "point", kind="adjoint")

@@ -6,9 +6,8 @@ average and 73 at most pays 73 for all of them. `while_lanes` gives the same res
 system goes through the same iterations, bit for bit) at about the cost of its active
 systems: once at most half of them are still running, it gathers those into a batch half the
 size and runs the loop on that, and so on down to two systems. Each level compiles one more
-copy of the loop body (7 for the 128 systems of 32 examples × 4 heads); on modern Hopfield
-retrieval (21 iterations on average, 73 at most) halving beat quartering, 87 against 101 ms
-a training step, and the plain loop took 131 ms.
+copy of the loop body (7 for the 128 systems of 32 examples × 4 heads); halving saved more
+than quartering on modern Hopfield's retrievals (docs/results/cost.md).
 
 Nested `vmap`s (examples × heads) are flattened into one batch of systems first, so the
 compaction sees every system of the call at once.

@@ -74,7 +74,8 @@ def symmetrize(J: Float[ArrayLike, "... n n"]) -> Float[Array, "... n n"]:
 
 def mean_field_update(
     m: Float[ArrayLike, " n"],
-    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, K: Tensor3 = None,
+    visible: Vector | None = None,
 ) -> Float[Array, " n"]:
     """One naive mean-field update, m ↦ tanh(β(h + J m [+ ½ Ks:mm])).
 
@@ -87,20 +88,25 @@ def mean_field_update(
     - `K`: optional three-body couplings `(n, n, n)`; only K[j, k, l] with j < k < l is used.
       Their mean-field field on spin j is Σ_{k<l; j,k,l distinct} K m_k m_l = ½ Σ_kl Ks_jkl
       m_k m_l with Ks the symmetric tensor of the entries.
+    - `visible`: optional `(n,)` of 1 (the spin is in the model) and 0 (it is removed: no
+      field, no couplings, magnetization 0): the update of the model restricted to the
+      visible spins, without forming its couplings. Vmapped over rows of `m`, `h` and
+      `visible` with one shared `J`, every row's update is one matrix product.
 
     **Returns:** the updated magnetizations, shape `(n,)`.
     """
     n = _check_hJ("mean_field_update", h, J, K)
     check_vector("mean_field_update", m, "m", n)
     m, h, J, K, beta = as_float(m, h, J, K, beta)
-    local = h + J @ m
+    v = 1.0 if visible is None else jnp.asarray(visible, m.dtype)
+    local = h + v * (J @ (v * m))
     if K is not None:
-        local = local + 0.5 * jnp.einsum("jkl,k,l->j", sym3(K), m, m)
-    return jnp.tanh(beta * local)
+        local = local + 0.5 * v * jnp.einsum("jkl,k,l->j", sym3(K), v * m, v * m)
+    return v * jnp.tanh(beta * local)
 
 
 def tap_update(
-    m: Vector, h: Vector, J: Matrix, *, beta: Scalar = 1.0
+    m: Vector, h: Vector, J: Matrix, *, beta: Scalar = 1.0, visible: Vector | None = None
 ) -> Float[Array, " n"]:
     """One TAP update with the Onsager reaction term,
 
@@ -110,15 +116,18 @@ def tap_update(
     M. Bal, "Deep Implicit Attention: A Mean-Field Theory Perspective on Attention
     Mechanisms" (2021), mcbal.github.io).
 
-    **Arguments:** as `mean_field_update` (pairwise couplings only).
+    **Arguments:** as `mean_field_update` (pairwise couplings only; `visible` removes spins
+    from the sums over j as well).
 
     **Returns:** the updated magnetizations, shape `(n,)`.
     """
     n = _check_hJ("tap_update", h, J)
     check_vector("tap_update", m, "m", n)
     m, h, J, beta = as_float(m, h, J, beta)
-    onsager = beta**2 * m * ((J * J) @ (1.0 - m * m))
-    return jnp.tanh(beta * (h + J @ m) - onsager)
+    v = 1.0 if visible is None else jnp.asarray(visible, m.dtype)
+    vm = v * m
+    onsager = beta**2 * vm * ((J * J) @ (v * (1.0 - vm * vm)))
+    return v * jnp.tanh(beta * (h + v * (J @ vm)) - onsager)
 
 
 def _mf_map(m, args):
