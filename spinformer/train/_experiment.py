@@ -76,7 +76,8 @@ def _make_dataset(d: "_config.DataConfig"):
     if d.task == "chars":
         return _data.CharText.from_path(
             d.path, seq_len=d.seq_len, batch_size=d.batch_size, seed=d.seed,
-            val_fraction=d.val_fraction, max_chars=d.max_chars, stream=d.stream,
+            val_fraction=d.val_fraction, test_fraction=d.test_fraction, max_chars=d.max_chars,
+            stream=d.stream,
         )
     if d.task == "nli":
         phenomena = tuple(x.strip() for x in d.phenomena.split(",") if x.strip())
