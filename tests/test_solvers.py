@@ -104,6 +104,26 @@ def test_anderson_beats_picard_on_tap_near_critical_point():
     np.testing.assert_allclose(and_.value, ref, atol=2e-4)
 
 
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_anderson_terminates_on_linear_maps_like_gmres(n, x64):
+    # On an affine map with a history of n + 1 iterates, type-II Anderson spans the same
+    # Krylov space as GMRES and, in exact arithmetic, lands on the fixed point at step n + 1.
+    # A ridge scaled by the oldest (largest) residual of the window swamps the newest ones
+    # once they have fallen by orders of magnitude: that took 14-34 steps here.
+    rng = np.random.default_rng(n)
+    for _ in range(3):
+        A = rng.normal(size=(n, n))
+        A *= 0.95 / np.max(np.abs(np.linalg.eigvals(A)))
+        b = rng.normal(size=n)
+        sol = S.fixed_point(lambda x, a: a[0] @ x + a[1], jnp.zeros(n),
+                            (jnp.asarray(A), jnp.asarray(b)), throw=False,
+                            solver=S.Anderson(history=n + 1, tol=1e-10, max_steps=200,
+                                              norm=S.l2_norm))
+        assert sol.result == S.RESULTS.successful
+        assert int(sol.num_steps) <= 2 * n + 2
+        np.testing.assert_allclose(sol.value, np.linalg.solve(np.eye(n) - A, b), atol=1e-8)
+
 def test_pytree_state(x64):
     rng = np.random.default_rng(4)
     A = jnp.asarray(random_contraction(rng, 3, 0.5))

@@ -323,8 +323,8 @@ class Anderson(AbstractFixedPointSolver):
 
     Each step solves the regularised least-squares problem
     min_α ‖Σ_i α_i r_i‖² + ridge·s‖α‖², Σ_i α_i = 1, over the last `history` residuals
-    r_i = g(x_i) − x_i (s is the largest ‖r_i‖², so the ridge is relative to the residuals' own
-    size and does not stall once they are small), then moves to
+    r_i = g(x_i) − x_i (s is the newest residual's ‖r‖², so the ridge is relative to the
+    residuals' own size and does not stall once they are small), then moves to
     x ← Σ_i α_i (x_i + (1 − damping) · r_i). Acceleration starts at the first step with
     whatever history exists (the first step is a Picard step).
 
@@ -385,8 +385,8 @@ class Anderson(AbstractFixedPointSolver):
     def _coefficients(self, s):
         dtype = s.x.dtype
         maskf = s.mask.astype(dtype)
-        diag = jnp.diagonal(s.gram)
-        scale = jnp.max(jnp.where(s.mask, diag, 0.0))
+        # the ridge is relative to the newest residual's ‖r‖², the row the step moves from
+        scale = s.gram[(s.pos - 1) % self.history, (s.pos - 1) % self.history]
         scale = jax.lax.stop_gradient(jnp.where(scale > 0, scale, 1.0))
         eye = jnp.eye(self.history, dtype=dtype)
         G = s.gram / scale * jnp.outer(maskf, maskf)
