@@ -320,6 +320,9 @@ class TrainConfig:
                                "layers, averaged over examples and heads) to the loss: > 0 "
                                "minimises it, < 0 maximises it (an attention that reports it: "
                                "spin)")
+    count_flops: bool = _f(False, "count every step's training FLOPs into the metrics and the "
+                           "summary as `flops` (XLA's count, each solver loop times the "
+                           "iterations it took; a few traces of the step at the start)")
     local_losses: bool = _f(False, "per-layer local losses: stop gradients between blocks and "
                             "train each block on the cross-entropy of its own readout (final "
                             "norm + readout of its output), summed over layers; loss and "

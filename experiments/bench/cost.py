@@ -4,6 +4,8 @@ measured time ratio beside the arithmetic bound, at the zoo's task sizes.
     python experiments/bench/cost.py                       # brackets16, chars, nli; every family
     python experiments/bench/cost.py --tasks nli --families spin,boltzmann_mf
     python experiments/bench/cost.py --quick               # brackets16, a smoke test
+    python experiments/bench/cost.py --ratio-only --tasks brackets16,chars,nli,fmnist,\
+        fmnist_masked --out experiments/results/cost/rates   # the zoo's step-rate columns
 
 For each task of the zoo's grid (`configs/zoo/full.yaml`) and each family the grid runs on it,
 built as the zoo builds the cell (its config changes, parameters matched to softmax's), with
@@ -13,22 +15,15 @@ initialisation the couplings are weak and the solves trivial), on the next batch
 - `ratio`: softmax's step time / the family's (the jitted training step, compile excluded;
   medians over rounds that alternate softmax and the family, `_compare.interleaved`).
 - `bound`: softmax's FLOPs / the family's effective FLOPs per step: the ratio the family
-  would reach if it ran its arithmetic at the FLOP rate softmax's step reaches. XLA's cost
-  model counts a loop body once, whatever its trip count, so a solving family's effective
-  FLOPs are measured on straight-line variants of its own step (`solver.unroll`,
-  `max_steps` 1 and 2): its own solver unrolled gives one forward iteration (the forward
-  pass alone, 2 minus 1); plain Picard unrolled with the unrolled adjoint gives one
-  backward product, a VJP of the map (the step, 2 minus 1, less the forward iteration;
-  through Anderson the unrolled adjoint would also differentiate the mixing, which the
-  implicit adjoint never does). The effective FLOPs are the one-Picard-iteration step's
-  with its forward iteration replaced by k_f of the family's and (p_b - 1) backward
-  products added, k_f and p_b the mean forward iterations and backward products per solve
+  would reach if it ran its arithmetic at the FLOP rate softmax's step reaches. The
+  effective FLOPs are the library's training-FLOP count (`spinformer.train.step_flops`, the
+  count `train.count_flops` writes into every run's metrics): XLA's count of the lowered
+  step, with every fixed-length scan written out and the solver's loop counted from
+  straight-line variants as FLOPs per forward iteration and per backward product (a VJP of
+  the map), times k_f and p_b, the mean forward iterations and backward products per solve
   that the family's real step reports (its metrics `solver_steps`, `backward_steps`; a
-  phantom adjoint's `steps`). Scans of fixed length (the stacked layers, the Energy
-  Transformer's descent) are written out for the count. Families without a solver loop
-  (softmax, Boltzmann exact, spin time steps) are counted as compiled; a loop that cannot
-  be unrolled (the free-energy saddle's Newton iteration) is counted once and the bound
-  marked `>=`.
+  phantom adjoint's `steps`). A loop that cannot be unrolled (the free-energy saddle's
+  Newton iteration) is counted once and the bound marked `>=`.
 - `at bound`: measured ratio / bound (1: the family runs its arithmetic as fast as softmax
   runs its own; 0.5: half the time is something else).
 - `fwd`: the forward pass's share of the step's time (the loss alone, no gradient).
@@ -63,14 +58,13 @@ import spinformer as sf
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from _compare import interleaved, malloc_line, ratio_header, xla_cost  # noqa: E402
+from _compare import interleaved, malloc_line, ratio_header  # noqa: E402
+from spinformer.train._flops import unrolled_config  # noqa: E402
 import zoo  # noqa: E402
 
 ROOT = HERE.parents[1]
 TASKS = ("brackets16", "chars", "nli")
-UNROLLABLE = (sf.solvers.Picard, sf.solvers.Anderson)  # solvers with `unroll`
 MAX_UNROLL = 16  # the most iterations the `loop` column writes out as straight-line code
-MAX_SCAN = 64  # scans up to this length are written out when FLOPs are counted (`_flops`)
 
 
 def _built(cfg, task, train_steps: int = 0):
@@ -91,46 +85,9 @@ def _built(cfg, task, train_steps: int = 0):
     return batch(train_steps), state, step, loss
 
 
-def _flops(cfg, task) -> tuple[float, float]:
-    """XLA's FLOPs of the training step and of the forward loss alone, with every
-    `lax.scan` of at most `MAX_SCAN` steps written out (XLA counts a loop's body once: the
-    stacked layers' scan over depth, the Energy Transformer's descent)."""
-    scan = jax.lax.scan
-
-    def unrolled_scan(f, init, xs=None, length=None, **kw):
-        n = length if length is not None else len(jax.tree.leaves(xs)[0])
-        return scan(f, init, xs, length, **{**kw, "unroll": True} if n <= MAX_SCAN else kw)
-
-    jax.lax.scan = unrolled_scan
-    try:
-        batch, state, step, loss = _built(cfg, task)
-        key = jax.random.key(0)
-        fwd = xla_cost(lambda m, b, k: sf.train.loss_fn(m, b, k)[0], state.model, batch, key)
-        full = xla_cost(lambda s, b, k: step(s, b, k), state, batch, key)
-    finally:
-        jax.lax.scan = scan
-    return full.flops, fwd.flops
-
-
-def _unrolled(cfg, k: int, adjoint: bool = True, picard: bool = False):
-    """The config with the family's solver unrolled to `k` iterations (`picard`: plain
-    Picard iterations instead, with the family's damping) and the unrolled adjoint; None
-    when its solver cannot be unrolled."""
-    section = cfg.model.section()
-    if section is None or not isinstance(getattr(section, "solver", None), UNROLLABLE):
-        return None
-    name = cfg.model.attention
-    changes = {f"model.{name}.solver.unroll": True, f"model.{name}.solver.max_steps": k}
-    if picard:
-        changes[f"model.{name}.solver.name"] = "picard"
-    if adjoint:
-        changes[f"model.{name}.adjoint"] = "unrolled"
-    return cfg.replace(changes)
-
-
-def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
+def measure(cfg, task, ref, repeats: int, train_steps: int, ratio_only: bool = False) -> dict:
     """One family's row (see the module docstring); `ref` is softmax's `(step, fwd)` timing
-    closures and FLOPs."""
+    closures and FLOPs (`ratio_only`: the timings alone, no FLOPs and no `loop`)."""
     t0 = time.perf_counter()
     batch, state, step, loss = _built(cfg, task, train_steps)
     key = jax.random.key(1)
@@ -153,12 +110,14 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
            "softmax_step_ms": 1e3 * timings.median("softmax"),
            "ratio": timings.ratio("softmax", "family"),
            "fwd_share": timings.median("family_fwd") / timings.median("family")}
+    if ratio_only:
+        return row
     row.update(effective_flops(cfg, task, k_f, p_b))
     if row.get("fwd_iteration_flops") is not None:
         # loop control: the real forward pass against the same iterations straight-line
         k = max(1, math.ceil(k_max if math.isfinite(k_max) else k_f))
         if k <= MAX_UNROLL:  # longer straight-line programs take minutes to compile
-            _, st_u, _, loss_u = _built(_unrolled(cfg, k, adjoint=False), task)
+            _, st_u, _, loss_u = _built(unrolled_config(cfg, k, adjoint=False), task)
             model_u = _with_arrays(st_u.model, state.model)  # the trained parameters
             t = interleaved({"loop": lambda: loss(state.model, batch, key),
                              "straight": lambda: loss_u(model_u, batch, key)},
@@ -170,24 +129,14 @@ def measure(cfg, task, ref, repeats: int, train_steps: int) -> dict:
 
 
 def effective_flops(cfg, task, k_f: float, p_b: float) -> dict:
-    """`flops` (the effective FLOPs of a step with mean forward iterations `k_f` and
-    backward products `p_b`), `bound_exact`, and for an unrollable solver
-    `fwd_iteration_flops` and `bwd_product_flops` (see the module docstring)."""
-    section = cfg.model.section()
-    if _unrolled(cfg, 1) is None or not math.isfinite(k_f):  # no solver, or no unroll
-        return {"flops": _flops(cfg, task)[0], "bound_exact": not math.isfinite(k_f)}
-    # one backward product: a VJP of the map, measured through plain Picard iterations
-    # (the unrolled adjoint through Anderson would add the mixing's own backward pass,
-    # which the implicit adjoint never runs); one forward iteration: the family's solver
-    f1p, g1p = _flops(_unrolled(cfg, 1, picard=True), task)
-    f2p, g2p = _flops(_unrolled(cfg, 2, picard=True), task)
-    if isinstance(section.solver, sf.solvers.Picard):
-        g1, g2 = g1p, g2p
-    else:
-        g1, g2 = (_flops(_unrolled(cfg, k, adjoint=False), task)[1] for k in (1, 2))
-    d_f, d_b = g2 - g1, (f2p - f1p) - (g2p - g1p)
-    return {"flops": f1p - (g2p - g1p) + k_f * d_f + (p_b - 1) * d_b,
-            "fwd_iteration_flops": d_f, "bwd_product_flops": d_b, "bound_exact": True}
+    """`flops` (the library's training-FLOP count, `train.step_flops`, at mean forward
+    iterations `k_f` and backward products `p_b`), `bound_exact`, and for a solver that
+    unrolls `fwd_iteration_flops` and `bwd_product_flops`."""
+    model = sf.train.step_flops(cfg, zoo._dataset(cfg, task))
+    if not math.isfinite(k_f):  # no solver
+        return {"flops": model.base, "bound_exact": model.exact}
+    return {"flops": model(k_f, p_b), "fwd_iteration_flops": model.forward_iteration or None,
+            "bwd_product_flops": model.backward_product or None, "bound_exact": model.exact}
 
 
 def _with_arrays(model, source):
@@ -223,6 +172,7 @@ def table(rows: dict) -> str:
             lines.append(f"| {task} | {fam} | {r['error']} |" + " |" * 10)
             continue
         ge = "" if r.get("bound_exact", True) else "≥ "
+        r = {"bound": None, "at_bound": None, **r}  # --ratio-only rows have no FLOPs
         f = lambda v, spec=".2f": "—" if v is None or (isinstance(v, float) and math.isnan(v)) \
             else format(v, spec)  # noqa: E731
         lines.append(f"| {task} | {fam} | {f(r['step_ms'], '.1f')} | "
@@ -244,6 +194,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="brackets16 only, 3 repeats")
     p.add_argument("--flops-only", action="store_true", help="recount the FLOPs (bound, "
                    "at bound) of the rows already in --out, keeping their timings")
+    p.add_argument("--ratio-only", action="store_true", help="time ratios only (no FLOP "
+                   "counts, no loop column): the zoo's step-rate columns, for every task of "
+                   "the grid")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "cost"))
     args = p.parse_args()
     grid = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
@@ -264,7 +217,8 @@ def main() -> None:
         if cells[task, "softmax"].reason:
             print(f"{task}: {cells[task, 'softmax'].reason}")
             continue
-        ref = {"flops": _flops(ref_cfg, task)[0]}
+        ref = {"flops": math.nan if args.ratio_only else
+               sf.train.step_flops(ref_cfg, zoo._dataset(ref_cfg, task)).base}
         if not args.flops_only:
             batch, state, step, loss = _built(ref_cfg, task, args.train_steps)
             key = jax.random.key(1)
@@ -283,7 +237,7 @@ def main() -> None:
                     r.update(bound=ref["flops"] / r["flops"])
                     r.update(at_bound=r["ratio"] / r["bound"])
                 else:
-                    r = measure(cfg, task, ref, repeats, args.train_steps)
+                    r = measure(cfg, task, ref, repeats, args.train_steps, args.ratio_only)
                 rows[f"{task}/{fam}"] = r
             except Exception as e:  # noqa: BLE001: a row that says why
                 rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 import jax
@@ -286,7 +287,7 @@ def main():
     jaxopt, optx, banax = _try("jaxopt"), _try("optimistix"), _try("banax")
     for m in (jaxopt, optx, banax):
         if m is not None:
-            print(f"{m.__name__} {getattr(m, '__version__', '(version not exported)')}")
+            print(f"{m.__name__} {importlib.metadata.version(m.__name__)}")
     ratios = {}
 
     # 1. TAP

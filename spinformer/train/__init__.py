@@ -21,6 +21,7 @@ from ._experiment import (
     load_run,
     run,
 )
+from ._flops import StepFlops, step_flops
 from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
@@ -34,6 +35,7 @@ __all__ = [
     "Objective",
     "RunDirError",
     "RunState",
+    "StepFlops",
     "StopSignals",
     "diagnose",
     "TrainingInterrupted",
@@ -58,6 +60,7 @@ __all__ = [
     "make_step",
     "num_params",
     "read_checkpoint",
+    "step_flops",
     "read_metrics",
     "report",
     "run",

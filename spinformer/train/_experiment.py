@@ -27,6 +27,7 @@ from .. import data as _data
 from .. import nn as _nn
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
+from ._flops import step_flops
 from ._loop import fit
 from ._objective import Objective, init_stream_state
 from ._optim import make_optimizer, make_schedule, num_params
@@ -571,6 +572,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
             precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
             objective=build_objective(cfg), stream=cfg.data.stream, trackers=trackers,
+            flops=step_flops(cfg, dataset) if t.count_flops else None,
         )
     return summary
 

@@ -240,6 +240,7 @@ def fit(
     objective=None,
     stream: bool = False,
     trackers: Sequence = (),
+    flops=None,
 ):
     """Train `model` on `dataset` and write a run directory.
 
@@ -279,6 +280,10 @@ def fit(
       that get every record written to `metrics.jsonl` and, at the end, the run's figures;
       e.g. `TensorBoard(out_dir / "tensorboard")` (`train.tensorboard: true`). Only the
       writing process calls them; whoever made them closes them (`run` does).
+    - `flops`: a `train._flops.StepFlops` (`step_flops(cfg)`): every step's training FLOPs
+      from its own solver counts are summed into `flops`, written with every record, in
+      the checkpoints (a resumed run continues the sum) and in the summary. Skipped steps
+      count: their arithmetic was spent.
 
     SIGTERM or SIGINT (in the main thread) finish the step in flight, write a checkpoint and
     raise `TrainingInterrupted`; `resume=True` then continues bit-identically.
@@ -300,7 +305,7 @@ def fit(
     state = RunState.init(model, optimizer, stream=carried)
     start = 0
     es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
-    elapsed_before, bad_total = 0.0, 0
+    elapsed_before, bad_total, flops_total = 0.0, 0, 0.0
     records_kept: list[dict] = []
     if checkpointer not in ("native", "orbax"):
         raise ValueError(f"checkpointer={checkpointer!r}: use 'native' or 'orbax'.")
@@ -317,6 +322,7 @@ def fit(
             es = meta.get("early_stopping", es)
             elapsed_before = float(meta.get("elapsed_s", 0.0))
             bad_total = int(meta.get("bad_steps", 0))
+            flops_total = float(meta.get("flops", 0.0))
             if meta.get("data_position", start) != start:
                 raise RuntimeError("checkpoint data position does not match its step.")
             records_kept = [r for r in _read_records(metrics_path) if r.get("step", 0) <= start]
@@ -352,6 +358,7 @@ def fit(
             "early_stopping": es,
             "elapsed_s": now(),
             "bad_steps": bad_total,
+            "flops": flops_total,
         }
         if orbax is not None:  # every process writes its own shards
             return orbax.save(state, meta)
@@ -376,10 +383,16 @@ def fit(
                 bad = bool(metrics["bad_step"])
                 bad_run = bad_run + 1 if bad else 0
                 bad_total += bad
+                if flops is not None:
+                    flops_total += flops.of_metrics(
+                        {k: float(metrics[k]) for k in ("solver_steps", "backward_steps")
+                         if k in metrics})
+                counted = {"flops": flops_total} if flops is not None else {}
                 rec = None
                 if step % log_every == 0 or step == steps or bad_run >= max_bad_steps:
                     rec = {"step": step, "split": "train",
-                           **{k: float(v) for k, v in metrics.items()}, "bad_steps": bad_total}
+                           **{k: float(v) for k, v in metrics.items()}, "bad_steps": bad_total,
+                           **counted}
                     if lr_schedule is not None:
                         rec["lr"] = float(lr_schedule(step - 1))
                     rec["time_s"] = round(now(), 3)
@@ -392,7 +405,8 @@ def fit(
                 if step % eval_every == 0 or step == steps:
                     last_eval = evaluate(state.model, eval_set, objective=objective,
                                          stream=stream)
-                    log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3)})
+                    log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3),
+                         **counted})
                     if last_eval["loss"] < es["best_loss"]:
                         es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
                     else:
@@ -419,6 +433,8 @@ def fit(
         "stopped_early": bool(es["stopped_early"]),
         "bad_steps": bad_total,
         "wall_time_s": round(now(), 2),
+        **({"flops": flops_total, "step_flops": {k: v for k, v in flops._asdict().items()
+                                                   if v == v}} if flops is not None else {}),
         **(extra_summary or {}),
     }
     if writer:
