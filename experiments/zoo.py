@@ -82,7 +82,8 @@ from _stats import mean_ci  # noqa: E402
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
 GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params", "tasks",
              "families", "max_run_minutes"}
-TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes"}
+TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes",
+             "flops", "seeds", "probe_steps"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
 REFERENCE = "softmax"
 NO_DATA = "the task's data is not available"
@@ -133,6 +134,14 @@ def load_grid(path) -> dict:
                                   and m > 0):
             bad(f"{where} must be a positive number of minutes (or absent: no limit); "
                 f"got {m!r}.")
+    for name, t in grid["tasks"].items():
+        f = t.get("flops")
+        if f is not None and not (isinstance(f, (int, float)) and not isinstance(f, bool)
+                                  and f > 0):
+            bad(f"tasks.{name}.flops must be a positive number of training FLOPs per run (or "
+                f"absent: train.steps decides); got {f!r}.")
+        if "seeds" in t and not t["seeds"]:
+            bad(f"tasks.{name}.seeds is empty (leave it out to use the grid's seeds).")
     grid.setdefault("match_params", True)
     grid["seeds"] = [int(s) for s in grid["seeds"]]
     grid["lr_factors"] = [float(x) for x in grid["lr_factors"]]
@@ -341,13 +350,18 @@ class Runs:
         return json.loads((self.ledger / task / family / "choice.json").read_text())["factor"]
 
 
+def seeds_of(grid, task: str) -> list[int]:
+    """The task's seeds (`tasks.<task>.seeds`), else the grid's."""
+    return [int(s) for s in grid["tasks"][task].get("seeds") or grid["seeds"]]
+
+
 def jobs(grid, cells) -> list[tuple[str, str, Optional[float], int]]:
     """`(task, family, factor, seed)` in priority order, task by task: the first seed's
     learning-rate candidates of every family, then the other seeds (factor None: the cell's
     chosen one, known once the candidates are done)."""
     out = []
-    first, rest = grid["seeds"][0], grid["seeds"][1:]
     for task in grid["_tasks"]:
+        first, rest = seeds_of(grid, task)[0], seeds_of(grid, task)[1:]
         live = [f for f in grid["_families"] if cells[task, f].reason is None]
         out += [(task, f, x, first) for f in live for x in grid["lr_factors"]]
         out += [(task, f, None, s) for s in rest for f in live]
@@ -363,7 +377,7 @@ def chosen_factor(grid, runs: Runs, task, family) -> tuple[Optional[float], dict
     if fixed is not None:
         return fixed, losses
     for x in grid["lr_factors"]:
-        d = runs.dir(task, family, x, grid["seeds"][0])
+        d = runs.dir(task, family, x, seeds_of(grid, task)[0])
         if (r := runs.read(d, "result.json")) is not None:
             loss = r["val"]["loss"]
             losses[x] = loss if math.isfinite(loss) else math.inf
@@ -450,18 +464,24 @@ def step_memory(cfg, dataset, model) -> float:
 
 
 def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
-            measure_memory: bool) -> dict:
+            measure_memory: bool, runs: Optional[Runs] = None) -> dict:
     """Train one run (resuming a killed one), score it on the task's split and write
-    `result.json`."""
+    `result.json` (with the validation curve: step, training FLOPs where counted, seconds,
+    loss). A task with a FLOP budget (`flops`) trains the cell's priced number of steps
+    (`price`) and counts its FLOPs."""
     task = grid["tasks"][cell.task]
     cfg = with_lr(base_config(grid, cell.task, cell.family, cell.changes), factor, seed)
+    if runs is not None and task.get("flops") is not None:  # a budget of training FLOPs
+        cfg = cfg.replace({"train.steps": price(grid, runs, cell)["steps"],
+                           "train.count_flops": True})
     summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists(), progress=False)
     records = _train_records(out)
     result = {"task": cell.task, "family": cell.family, "seed": seed, "lr_factor": factor,
               "lr": cfg.train.lr, "val": summary["metrics"], "split": task.get("split", "val"),
               "steps": summary["steps"], "bad_steps": summary.get("bad_steps", 0),
               "wall_time_s": summary.get("wall_time_s"), "num_params": summary.get("num_params"),
-              "steps_per_s": throughput(records)}
+              "steps_per_s": throughput(records), "flops": summary.get("flops"),
+              "curve": _val_curve(out)}
     result["backward_steps"] = _mean_of(records, "backward_steps")
     result["backward_fallbacks"] = _mean_of(records, "backward_fallbacks")
     if result["split"] == "test" or measure_memory:
@@ -474,6 +494,63 @@ def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
             result["step_memory_bytes"] = step_memory(cfg, dataset, model)
     (out / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def _val_curve(out: pathlib.Path) -> list[list]:
+    """`[step, flops or None, time_s, loss]` of every validation record of a run."""
+    path = out / "metrics.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [[r["step"], r.get("flops"), r.get("time_s"), r["loss"]] for r in recs
+            if r.get("split") == "val"]
+
+
+def price(grid, runs: Runs, cell: Cell) -> dict:
+    """The training steps a run of `cell` takes to spend its task's FLOP budget: the cell's
+    FLOPs per step (`sf.train.step_flops`) at the mean solver iterations and backward products
+    of the steps `probe_steps` (default 100) to twice that of a probe run (the first seed,
+    the first learning-rate candidate), kept as `price.json` beside the cell's runs and in
+    the ledger, so every machine trains the same number of steps. Each run counts its own
+    FLOPs (`train.count_flops`), so the report plots what was spent."""
+    import jax
+
+    task = grid["tasks"][cell.task]
+    rel = pathlib.Path(cell.task) / cell.family / "price.json"
+    for base in (runs.root, runs.ledger):
+        if base is not None and (base / rel).exists():
+            return json.loads((base / rel).read_text())
+    cfg = with_lr(base_config(grid, cell.task, cell.family, cell.changes),
+                  grid["lr_factors"][0], seeds_of(grid, cell.task)[0])
+    dataset = _dataset(cfg, cell.task)
+    model_flops = sf.train.step_flops(cfg, dataset)
+    probe = int(task.get("probe_steps", 100))
+    counts = {"solver_steps": [], "backward_steps": []}
+    if model_flops.forward_iteration or model_flops.backward_product:
+        opt = sf.train.build_optimizer(cfg.replace({"train.steps": 2 * probe}))
+        state = sf.train.RunState.init(sf.train.build_model(cfg, dataset,
+                                                            key=jax.random.key(0)), opt)
+        step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
+                                 precision=cfg.train.precision,
+                                 objective=sf.train.build_objective(cfg))
+        for i in range(2 * probe):
+            state, m = step(state, {k: jax.numpy.asarray(v) for k, v in
+                                    dataset.batch(i, "train").items()}, jax.random.key(i))
+            if i >= probe:
+                for k in counts:
+                    if k in m:
+                        counts[k].append(float(m[k]))
+    k_f = float(np.mean(counts["solver_steps"])) if counts["solver_steps"] else 0.0
+    p_b = float(np.mean(counts["backward_steps"])) if counts["backward_steps"] else 0.0
+    per_step = model_flops(k_f, p_b)
+    out = {"flops": float(task["flops"]), "flops_per_step": per_step,
+           "steps": max(1, int(math.ceil(task["flops"] / per_step))),
+           "solver_steps": k_f, "backward_steps": p_b,
+           "step_flops": {k: v for k, v in model_flops._asdict().items() if v == v},
+           "probe_steps": probe}
+    for base in (runs.root, runs.ledger):
+        if base is not None:
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_text(json.dumps(out, indent=2))
+    return out
 
 
 def _mean_of(records, key):
@@ -612,7 +689,6 @@ def cmd_run(args) -> None:
     runs = _runs(args)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     todo = jobs(grid, cells)
-    first = grid["seeds"][0]
     tag = f"[worker {os.getpid()}] " if args.worker else ""
     print(f"{tag}zoo: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
           f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> "
@@ -650,7 +726,8 @@ def cmd_run(args) -> None:
             try:
                 if runs.done(out):
                     continue
-                measure = seed == first and factor == grid["lr_factors"][0]
+                measure = (seed == seeds_of(grid, task)[0]
+                           and factor == grid["lr_factors"][0])
                 minutes = grid["tasks"][task].get("max_run_minutes",
                                                   grid.get("max_run_minutes"))
                 done = [r for r in _train_records(out) if "time_s" in r]
@@ -660,7 +737,8 @@ def cmd_run(args) -> None:
                     if budget.fired:
                         raise KeyboardInterrupt  # recorded below, not trained again
                     budget.start()
-                    r = run_one(grid, cell, factor, seed, out, measure_memory=measure)
+                    r = run_one(grid, cell, factor, seed, out, measure_memory=measure,
+                                runs=runs)
                     budget.cancel()
                     runs.publish(out)
                     metric = grid["tasks"][task]["metric"]
@@ -755,14 +833,14 @@ def cmd_cost(args) -> None:
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / "step_cost.json"
     costs = json.loads(path.read_text()) if path.exists() else {}
-    per_cell = len(grid["lr_factors"]) + len(grid["seeds"]) - 1
     for (task, fam), cell in cells.items():
+        per_cell = len(grid["lr_factors"]) + len(seeds_of(grid, task)) - 1
         if cell.reason:
             continue
         key = f"{task}/{fam}"
         if key not in costs:
             cfg = with_lr(base_config(grid, task, fam, cell.changes), grid["lr_factors"][0],
-                          grid["seeds"][0])
+                          seeds_of(grid, task)[0])
             dataset = _dataset(cfg, task)
             model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
             opt = sf.train.build_optimizer(cfg)
@@ -813,7 +891,7 @@ def collect(grid, runs: Runs, cells) -> dict:
         entry["lr_factor"], entry["candidate_val_loss"] = factor, losses
         if factor is None or math.isnan(factor):
             continue
-        for s in grid["seeds"]:
+        for s in seeds_of(grid, task):
             r = runs.read(runs.dir(task, fam, factor, s), "result.json")
             if r is not None:
                 entry["results"][s] = r
@@ -899,8 +977,8 @@ def _cell_text(grid, task, s, *, short=False) -> str:
     if g is not None and short:
         star = "*" if s["gap_n"] > 1 and abs(g[0]) > g[1] else ""
         text += f" ({g[0]:+.1f}{star})"
-    if s["n"] < len(grid["seeds"]):  # a cell still filling up
-        text += f" [{s['n']} of {len(grid['seeds'])} seeds]"
+    if s["n"] < len(seeds_of(grid, task)):  # a cell still filling up
+        text += f" [{s['n']} of {len(seeds_of(grid, task))} seeds]"
     return text
 
 
@@ -1049,8 +1127,8 @@ def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
                 sig = s["gap_n"] > 1 and abs(g[0]) > g[1]
                 txt = f"{g[0]:+.1f}" + (f"\n±{g[1]:.1f}" if s["gap_n"] > 1 else "") + \
                     ("*" if sig else "")
-                if s["gap_n"] < len(grid["seeds"]):
-                    txt += f"\n({s['gap_n']} of {len(grid['seeds'])} seeds)"
+                if s["gap_n"] < len(seeds_of(grid, t)):
+                    txt += f"\n({s['gap_n']} of {len(seeds_of(grid, t))} seeds)"
             ax.text(j, i, txt, ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(tasks)), [grid["tasks"][t].get("label", t) for t in tasks],
                   rotation=20, ha="right", fontsize=8)
