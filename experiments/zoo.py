@@ -504,6 +504,27 @@ def _val_curve(out: pathlib.Path) -> list[list]:
             if r.get("split") == "val"]
 
 
+def _probe(cfg, dataset, steps: int):
+    """`(state, counts)`: `steps` training steps of `cfg` (its schedule cut to that length)
+    and the solver counts (`solver_steps`, `backward_steps`) of the second half."""
+    import jax
+
+    opt = sf.train.build_optimizer(cfg.replace({"train.steps": steps}))
+    state = sf.train.RunState.init(sf.train.build_model(cfg, dataset, key=jax.random.key(0)),
+                                   opt)
+    step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
+                             precision=cfg.train.precision,
+                             objective=sf.train.build_objective(cfg))
+    counts = {"solver_steps": [], "backward_steps": []}
+    for i in range(steps):
+        batch = {k: jax.numpy.asarray(v) for k, v in dataset.batch(i, "train").items()}
+        state, m = step(state, batch, jax.random.key(i))
+        for k in counts:
+            if k in m and i >= steps // 2:
+                counts[k].append(float(m[k]))
+    return state, counts
+
+
 def price(grid, runs: Runs, cell: Cell) -> dict:
     """The training steps a run of `cell` takes to spend its task's FLOP budget: the cell's
     FLOPs per step (`sf.train.step_flops`) at the mean solver iterations and backward products
@@ -511,7 +532,6 @@ def price(grid, runs: Runs, cell: Cell) -> dict:
     the first learning-rate candidate), kept as `price.json` beside the cell's runs and in
     the ledger, so every machine trains the same number of steps. Each run counts its own
     FLOPs (`train.count_flops`), so the report plots what was spent."""
-    import jax
 
     task = grid["tasks"][cell.task]
     rel = pathlib.Path(cell.task) / cell.family / "price.json"
@@ -525,19 +545,7 @@ def price(grid, runs: Runs, cell: Cell) -> dict:
     probe = int(task.get("probe_steps", 100))
     counts = {"solver_steps": [], "backward_steps": []}
     if model_flops.forward_iteration or model_flops.backward_product:
-        opt = sf.train.build_optimizer(cfg.replace({"train.steps": 2 * probe}))
-        state = sf.train.RunState.init(sf.train.build_model(cfg, dataset,
-                                                            key=jax.random.key(0)), opt)
-        step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
-                                 precision=cfg.train.precision,
-                                 objective=sf.train.build_objective(cfg))
-        for i in range(2 * probe):
-            state, m = step(state, {k: jax.numpy.asarray(v) for k, v in
-                                    dataset.batch(i, "train").items()}, jax.random.key(i))
-            if i >= probe:
-                for k in counts:
-                    if k in m:
-                        counts[k].append(float(m[k]))
+        _, counts = _probe(cfg, dataset, 2 * probe)
     k_f = float(np.mean(counts["solver_steps"])) if counts["solver_steps"] else 0.0
     p_b = float(np.mean(counts["backward_steps"])) if counts["backward_steps"] else 0.0
     per_step = model_flops(k_f, p_b)
@@ -824,10 +832,13 @@ def cmd_cost(args) -> None:
     compile, the first learning-rate candidate), its ratio to softmax's on the same task, and
     the estimated time of one run and of the cell; written to `<runs>/step_cost.json`. For
     deciding, before the grid spends it, which cells a budget affords (a cell too costly gets
-    a `skip` reason in the grid with these numbers)."""
+    a `skip` reason in the grid with these numbers). A task with a FLOP budget is priced
+    first (`price`: its steps per run), and the step is timed after that probe's training,
+    where the solves take their trained iteration counts; the last line sums the grid."""
     import jax
 
     grid = _grid(args)
+    total_min = 0.0
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     runs = pathlib.Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
@@ -839,6 +850,8 @@ def cmd_cost(args) -> None:
             continue
         key = f"{task}/{fam}"
         if key not in costs:
+            budget = grid["tasks"][task].get("flops")
+            priced = price(grid, _runs(args), cell) if budget else None
             cfg = with_lr(base_config(grid, task, fam, cell.changes), grid["lr_factors"][0],
                           seeds_of(grid, task)[0])
             dataset = _dataset(cfg, task)
@@ -849,6 +862,8 @@ def cmd_cost(args) -> None:
                                      precision=cfg.train.precision,
                                      objective=sf.train.build_objective(cfg))
             batch = {k: jax.numpy.asarray(v) for k, v in dataset.batch(0, "train").items()}
+            if priced:  # timed where the solves take their trained iteration counts
+                state = _probe(cfg, dataset, 2 * priced["probe_steps"])[0]
             t0 = time.perf_counter()
             state, m = step(state, batch, jax.random.key(0))
             jax.block_until_ready(m)
@@ -858,7 +873,7 @@ def cmd_cost(args) -> None:
                 state, m = step(state, batch, jax.random.key(i + 1))
                 jax.block_until_ready(m)
             costs[key] = {"compile_s": compile_s, "step_s": (time.perf_counter() - t0) / 3,
-                          "steps": cfg.train.steps}
+                          "steps": priced["steps"] if priced else cfg.train.steps}
             path.write_text(json.dumps(costs, indent=2))
         c = costs[key]
         ref = costs.get(f"{task}/{REFERENCE}")
@@ -867,6 +882,8 @@ def cmd_cost(args) -> None:
         print(f"{task:14s} {fam:20s} compile {c['compile_s']:6.1f} s, step "
               f"{1e3 * c['step_s']:8.1f} ms (x{ratio:.1f} softmax): a run ~{run_min:.1f} min, "
               f"the cell ~{per_cell * run_min:.0f} min", flush=True)
+        total_min += per_cell * run_min
+    print(f"the grid: ~{total_min / 60:.1f} hours of one process", flush=True)
 
 
 # ------------------------------------------------------------------------------ the report
