@@ -481,7 +481,7 @@ def wrong_values(leaf: Leaf) -> list:
     elif leaf.type is str:
         out += [(1, True), (2.5, True), (False, True)]
         if leaf.choices:
-            c = leaf.choices[0]
+            c = next(x for x in leaf.choices if x is not None)  # (None is a choice of some)
             out += [("xx", True), (c[:-1], c[:-1] not in leaf.choices),
                     (c.upper(), c.upper() not in leaf.choices), (c + " ", True)]
     elif leaf.type is dict:
