@@ -4,6 +4,8 @@ attention on the quickstart bracket task and on character-level Shakespeare, ove
     python experiments/spin_lm.py run --suite quickstart             # every unfinished run
     python experiments/spin_lm.py run --suite quickstart --variants softmax,spin --seeds 0,1,2
     python experiments/spin_lm.py report --suite quickstart          # table + curves
+    python experiments/spin_lm.py run --variants softmax,spin --seeds 0-4 --data-seeds 0-4
+    python experiments/spin_lm.py seeds --variants softmax,spin      # spread over seeds
     python experiments/spin_lm.py run --suite shakespeare --data .data/shakespeare.txt
 
 Each variant is a set of config overrides on the suite's base config (`configs/spin_lm/`);
@@ -11,18 +13,26 @@ Each variant is a set of config overrides on the suite's base config (`configs/s
 softmax attention, and every other variant changes one or two options of `spin` (or of the
 older defaults, `old`: β = 1, fields normalised to norm R, no value map).
 
-Runs go to `--runs/<suite>/<variant>_s<seed>`; a run with a `summary.json` is skipped and a
-run killed midway resumes from its checkpoint, so the sweep can be stopped and restarted.
+A run's seed sets both the model's initialisation (`train.seed`) and the data stream
+(`data.seed`) unless `--data-seeds` is given: then every model seed is run with every data
+seed. Runs go to `--runs/<suite>/<variant>_s<seed>` (data seed = model seed) or
+`<variant>_s<seed>_d<data seed>`; a run with a `summary.json` is skipped and a run killed
+midway resumes from its checkpoint, so the sweep can be stopped and restarted.
 `report` writes `<suite>.md`, `<suite>.json` and `<suite>_curves.png` into `--results`
 (default `experiments/results/spin_lm`): the final metric per variant (mean ± std over seeds,
 parameters, wall time) and paired gaps to `softmax` and to `spin` on the seeds both have, with
-95 % t-intervals.
+95 % t-intervals (the runs with a data seed of their own are left out). `seeds` writes
+`<suite>_seeds.{md,json,png}`: how the final metric of each variant spreads when only the
+model seed varies, when only the data seed varies, and over the grid of both (mean, 95 %
+t-interval, worst), the paired gaps to `softmax` and `spin`, the grid itself, and every
+run's curve.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -83,6 +93,12 @@ SUITES = {
             "b2c2_steps2": {**LR3, **S2, "model.spin.coupling_scale": 2.0},
             "b2_steps2_lr6": {**S2, "train.lr": 6e-3},
             "b1_steps2_lr6": {**S2, "model.spin.beta": 1.0, "train.lr": 6e-3},
+            # probes of the model seeds that plateau (quickstart_seeds.md): solves to tighter
+            # tolerances, twice the steps, the couplings' maps at the main learning rate
+            "tight": {"model.spin.solver.tol": 1e-5, "model.spin.solver.max_steps": 100,
+                      "model.spin.adjoint.tol": 1e-6},
+            "steps3000": {"train.steps": 3000},
+            "clr": {"train.coupling_lr": 1e-2},
         },
     },
     "shakespeare": {
@@ -99,9 +115,9 @@ SUITES = {
 }
 
 
-def base_changes(args, suite: dict, seed: int) -> dict:
+def base_changes(args, suite: dict, seed: int, data_seed: int) -> dict:
     steps = args.steps or suite["steps"]
-    changes = {"train.steps": steps, "train.seed": seed, "data.seed": seed,
+    changes = {"train.steps": steps, "train.seed": seed, "data.seed": data_seed,
                "train.patience": 0, "train.checkpoint_every": max(steps // 3, 1),
                "train.progress": False}
     if args.data:
@@ -110,7 +126,29 @@ def base_changes(args, suite: dict, seed: int) -> dict:
 
 
 def _seeds(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s.strip()]
+    """`0,1,2` or `0-4` (or both: `0-2,7`)."""
+    out = []
+    for part in (t.strip() for t in text.split(",") if t.strip()):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def run_name(name: str, seed: int, data_seed: int) -> str:
+    """`<variant>_s<seed>`, or `<variant>_s<seed>_d<data seed>` when the two seeds differ."""
+    return f"{name}_s{seed}" + ("" if data_seed == seed else f"_d{data_seed}")
+
+
+def _read_runs(runs: pathlib.Path) -> dict[str, dict[tuple[int, int], dict]]:
+    """`{variant: {(seed, data seed): summary}}` of the finished runs under `runs`."""
+    rows: dict[str, dict[tuple[int, int], dict]] = {}
+    for p in sorted(runs.glob("*_s*/summary.json")):
+        m = re.fullmatch(r"(.+)_s(\d+)(?:_d(\d+))?", p.parent.name)
+        if m:
+            seed = int(m[2])
+            data_seed = seed if m[3] is None else int(m[3])
+            rows.setdefault(m[1], {})[seed, data_seed] = json.loads(p.read_text())
+    return rows
 
 
 def cmd_run(args) -> None:
@@ -122,12 +160,15 @@ def cmd_run(args) -> None:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; the suite {args.suite!r} has "
                          f"{list(suite['variants'])}.")
-    for seed in _seeds(args.seeds):
+    pairs = [(s, d) for s in _seeds(args.seeds)
+             for d in (_seeds(args.data_seeds) if args.data_seeds else [s])]
+    for seed, data_seed in pairs:
         for name in names:
-            out = runs / f"{name}_s{seed}"
+            out = runs / run_name(name, seed, data_seed)
             if (out / "summary.json").exists():
                 continue
-            cfg = cfg0.replace({**base_changes(args, suite, seed), **suite["variants"][name]})
+            cfg = cfg0.replace({**base_changes(args, suite, seed, data_seed),
+                                **suite["variants"][name]})
             summary = sf.train.run(cfg, out, resume=out.exists())
             m = summary["metrics"]
             print(f"{args.suite}/{out.name}: {suite['metric']} {m[suite['metric']]:.4f}, "
@@ -141,10 +182,13 @@ def _gap(rows, name, ref, metric):
 
 
 def _curves(runs: pathlib.Path, name: str, seeds, metric: str):
+    """The validation curves `(steps, values)` of `name`'s runs at `seeds` (model seeds, or
+    `(seed, data seed)` pairs)."""
     out = []
     for s in seeds:
         steps, vals = [], []
-        for line in (runs / f"{name}_s{s}" / "metrics.jsonl").read_text().splitlines():
+        d = run_name(name, *s) if isinstance(s, tuple) else f"{name}_s{s}"
+        for line in (runs / d / "metrics.jsonl").read_text().splitlines():
             r = json.loads(line)
             if r.get("split") == "val" and metric in r:
                 steps.append(r["step"])
@@ -157,10 +201,9 @@ def cmd_report(args) -> None:
     suite = SUITES[args.suite]
     metric, higher = suite["metric"], suite["higher"]
     runs = pathlib.Path(args.runs) / args.suite
-    rows: dict[str, dict[int, dict]] = {}
-    for p in sorted(runs.glob("*_s*/summary.json")):
-        name, seed = p.parent.name.rsplit("_s", 1)
-        rows.setdefault(name, {})[int(seed)] = json.loads(p.read_text())
+    rows = {name: {s: x for (s, d), x in r.items() if s == d}
+            for name, r in _read_runs(runs).items()}
+    rows = {name: r for name, r in rows.items() if r}
     if not rows:
         raise SystemExit(f"no finished runs under {runs}; run `... run` first.")
     order = [v for v in suite["variants"] if v in rows]
@@ -168,7 +211,7 @@ def cmd_report(args) -> None:
     extra = "perplexity" if metric == "loss" else None
     lines = [f"# Spin-attention ablations: {args.suite}", "",
              f"Validation {metric}{unit} at the end of training, mean ± std over seeds"
-             + (f" (and validation perplexity)" if extra else "")
+             + (" (and validation perplexity)" if extra else "")
              + "; paired gaps (variant − reference) on the seeds both have, mean ± the "
              "half-width of the 95 % t-interval. Base config: "
              f"`{suite['config'].relative_to(ROOT)}`.", "",
@@ -255,15 +298,159 @@ def _plot(runs, rows, order, metric, path, scale) -> None:
     plt.close(fig)
 
 
+def _spread(values, scale: float) -> dict:
+    """n, mean, half-width of the 95 % t-interval, std, worst and best of `values` (scaled)."""
+    v = np.asarray(values, float) * scale
+    m, h = mean_ci(v)
+    return {"n": len(v), "mean": m, "ci": h, "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+            "min": float(v.min()), "max": float(v.max())}
+
+
+def _span(seeds) -> str:
+    """`0–4` for a run of consecutive seeds, else `0,2,4`."""
+    seeds = sorted(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ",".join(map(str, seeds))
+
+
+def _cell(st, f: str) -> str:
+    """`mean [interval] (n)` of a `_spread`, or — for none."""
+    if st is None:
+        return "—"
+    if st["n"] < 2:
+        return f"{st['mean']:+{f}} (1 run)"
+    return (f"{st['mean']:+{f}} [{st['mean'] - st['ci']:+{f}}, {st['mean'] + st['ci']:+{f}}] "
+            f"({st['n']})")
+
+
+def cmd_seeds(args) -> None:
+    suite = SUITES[args.suite]
+    metric, higher = suite["metric"], suite["higher"]
+    runs = pathlib.Path(args.runs) / args.suite
+    rows = _read_runs(runs)
+    names = [n for n in (args.variants.split(",") if args.variants else ("softmax", "spin"))
+             if n in rows]
+    if not names:
+        raise SystemExit(f"no finished runs of those variants under {runs}.")
+    cfg0 = sf.config.load_config(suite["config"])
+    s0, d0 = cfg0.train.seed, cfg0.data.seed
+    scale, unit = (100.0, " (%)") if metric == "accuracy" else (1.0, "")
+    f = f".{2 if metric == 'accuracy' else 4}f"
+    refs = [r for r in ("softmax", "spin") if r in rows]
+    lines = [f"# Seed spread: {args.suite}", "",
+             f"Validation {metric}{unit} at the end of training (base config "
+             f"`{suite['config'].relative_to(ROOT)}`): the model seed is `train.seed` "
+             "(initialisation and dropout), the data seed `data.seed` (the training and "
+             "validation batches). Mean, 95 % t-interval of the mean, std, extremes; gaps "
+             "(variant − reference) are paired on the same (model, data) seeds: mean "
+             "[95 % t-interval] (pairs).", "",
+             "| variant | seeds | runs | mean | 95 % interval | std | min | max | "
+             + " | ".join(f"gap to {r}" for r in refs) + " |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(refs)]
+    result = {}
+    for name in names:
+        r = rows[name]
+        # one seed varied with the other at the config's, and the grid: the data seeds run
+        # with model seed s0 by the model seeds run with all of them
+        ms = sorted(s for s, d in r if d == d0)
+        ds = sorted(d for s, d in r if s == s0)
+        full = [s for s in ms if all((s, d) in r for d in ds)]
+        groups = {}
+        for sel_s, sel_d in ((ms, [d0]), (full, [d0]), ([s0], ds), (full, ds)):
+            pairs = sorted(p for p in r if p[0] in sel_s and p[1] in sel_d)
+            if pairs and pairs not in groups.values():
+                groups[f"model {_span(sel_s)} × data {_span(sel_d)}"] = pairs
+        result[name] = {key: {f"{s},{d}": get(x) for (s, d), x in sorted(r.items())}
+                        for key, get in (("runs", lambda x: x["metrics"][metric]),
+                                         ("bad_steps", lambda x: x.get("bad_steps", 0)))}
+        for label, pairs in groups.items():
+            st = _spread([r[p]["metrics"][metric] for p in pairs], scale)
+            cells = []
+            for ref in refs:
+                common = [p for p in pairs if p in rows[ref]]
+                gap = None if name == ref or not common else _spread(
+                    [r[p]["metrics"][metric] - rows[ref][p]["metrics"][metric]
+                     for p in common], scale)
+                st[f"gap_to_{ref}"] = gap
+                cells.append(_cell(gap, f))
+            result[name][label] = st
+            ci = (f"[{st['mean'] - st['ci']:{f}}, {st['mean'] + st['ci']:{f}}]"
+                  if st["n"] > 1 else "—")
+            lines.append(f"| {name} | {label} | {st['n']} | {st['mean']:{f}} | {ci} | "
+                         f"{st['std']:{f}} | {st['min']:{f}} | {st['max']:{f}} | "
+                         + " | ".join(cells) + " |")
+    for name in names:  # the grid, model seeds by data seeds
+        r = rows[name]
+        ss, ds = sorted({s for s, _ in r}), sorted({d for _, d in r})
+        lines += ["", f"{name}, {metric}{unit} by model seed (rows) and data seed (columns):",
+                  "", "| model \\ data | " + " | ".join(map(str, ds)) + " |",
+                  "|---|" + "---|" * len(ds)]
+        for s in ss:
+            lines.append(f"| {s} | " + " | ".join(
+                f"{r[s, d]['metrics'][metric] * scale:{f}}" if (s, d) in r else ""
+                for d in ds) + " |")
+    lines += ["", f"{'Higher' if higher else 'Lower'} is better: the worst run is the column "
+              f"`{'min' if higher else 'max'}`."]
+    out = pathlib.Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.suite}_seeds.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.suite}_seeds.json").write_text(json.dumps(result, indent=2))
+    print("\n".join(lines))
+    drawn = [n for n in (args.plot.split(",") if args.plot else names) if n in rows]
+    _plot_seeds(runs, rows, drawn, metric, scale, out / f"{args.suite}_seeds.png")
+
+
+def _plot_seeds(runs, rows, names, metric, scale, path) -> None:
+    """Left: every run's final metric by variant; right: every run's validation curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=(1, 2))
+    rng = np.random.default_rng(0)
+    err = metric == "accuracy"  # accuracies are shown as errors, on a log scale
+    for i, name in enumerate(names):
+        pairs = sorted(rows[name])
+        v = np.array([rows[name][p]["metrics"][metric] for p in pairs]) * scale
+        v = 100.0 - v if err else v
+        ax0.scatter(i + rng.uniform(-0.15, 0.15, len(v)), v, s=14, alpha=0.7)
+        for (steps, vals), p in zip(_curves(runs, name, pairs, metric), pairs):
+            y = np.asarray(vals) * scale
+            ax1.plot(steps, 100.0 - y if err else y, lw=0.8, alpha=0.6, color=f"C{i}",
+                     label=f"{name} ({len(pairs)} run{'s' * (len(pairs) > 1)})"
+                     if p == pairs[0] else None)
+    ax0.set_xticks(range(len(names)), names)
+    label = f"validation {'error' if err else metric}" + (" (%)" if scale != 1 else "")
+    for ax in (ax0, ax1):
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if err:
+            ax.set_yscale("log")
+    ax0.set_title("end of training, every run")
+    ax1.set_xlabel("optimizer step")
+    ax1.set_title("every run's validation curve")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
-    p = make_parser(__doc__, runs="spin_lm", results="spin_lm")
+    p = make_parser(__doc__, runs="spin_lm", results="spin_lm",
+                    commands=("run", "report", "seeds"))
     p.add_argument("--suite", choices=tuple(SUITES), default="quickstart")
-    p.add_argument("--variants", help="comma-separated variant names (default: all)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--variants", help="comma-separated variant names (default: all; for "
+                   "seeds: softmax,spin)")
+    p.add_argument("--seeds", default="0,1,2", help="model seeds: 0,1,2 or 0-4")
+    p.add_argument("--data-seeds", help="data seeds, each run with every model seed "
+                   "(default: the data seed is the model seed)")
+    p.add_argument("--plot", help="seeds: the variants drawn (default: those reported)")
     p.add_argument("--steps", type=int, help="optimizer steps (default: the suite's)")
     p.add_argument("--data", help="the text file for the shakespeare suite (default: the "
                    "fetched Shakespeare)")
-    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)
+    dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report, seeds=cmd_seeds)
 
 
 if __name__ == "__main__":
