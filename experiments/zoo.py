@@ -525,13 +525,15 @@ def _probe(cfg, dataset, steps: int):
     return state, counts
 
 
-def price(grid, runs: Runs, cell: Cell) -> dict:
+def price(grid, runs: Runs, cell: Cell, *, trained: Optional[list] = None) -> dict:
     """The training steps a run of `cell` takes to spend its task's FLOP budget: the cell's
     FLOPs per step (`sf.train.step_flops`) at the mean solver iterations and backward products
     of the steps `probe_steps` (default 100) to twice that of a probe run (the first seed,
     the first learning-rate candidate), kept as `price.json` beside the cell's runs and in
     the ledger, so every machine trains the same number of steps. Each run counts its own
-    FLOPs (`train.count_flops`), so the report plots what was spent."""
+    FLOPs (`train.count_flops`), so the report plots what was spent. A list passed as
+    `trained` receives the probe's trained `RunState` (when a probe ran), for timing a step
+    where the solves take their trained iteration counts without training again."""
 
     task = grid["tasks"][cell.task]
     rel = pathlib.Path(cell.task) / cell.family / "price.json"
@@ -545,7 +547,9 @@ def price(grid, runs: Runs, cell: Cell) -> dict:
     probe = int(task.get("probe_steps", 100))
     counts = {"solver_steps": [], "backward_steps": []}
     if model_flops.forward_iteration or model_flops.backward_product:
-        _, counts = _probe(cfg, dataset, 2 * probe)
+        state, counts = _probe(cfg, dataset, 2 * probe)
+        if trained is not None:
+            trained.append(state)
     k_f = float(np.mean(counts["solver_steps"])) if counts["solver_steps"] else 0.0
     p_b = float(np.mean(counts["backward_steps"])) if counts["backward_steps"] else 0.0
     per_step = model_flops(k_f, p_b)
@@ -851,7 +855,8 @@ def cmd_cost(args) -> None:
         key = f"{task}/{fam}"
         if key not in costs:
             budget = grid["tasks"][task].get("flops")
-            priced = price(grid, _runs(args), cell) if budget else None
+            trained: list = []
+            priced = price(grid, _runs(args), cell, trained=trained) if budget else None
             cfg = with_lr(base_config(grid, task, fam, cell.changes), grid["lr_factors"][0],
                           seeds_of(grid, task)[0])
             dataset = _dataset(cfg, task)
@@ -862,8 +867,11 @@ def cmd_cost(args) -> None:
                                      precision=cfg.train.precision,
                                      objective=sf.train.build_objective(cfg))
             batch = {k: jax.numpy.asarray(v) for k, v in dataset.batch(0, "train").items()}
-            if priced:  # timed where the solves take their trained iteration counts
-                state = _probe(cfg, dataset, 2 * priced["probe_steps"])[0]
+            loops = priced and (priced["step_flops"].get("forward_iteration")
+                                or priced["step_flops"].get("backward_product"))
+            if loops:  # timed where the solves take their trained iteration counts
+                state = trained[0] if trained else _probe(
+                    cfg, dataset, 2 * priced["probe_steps"])[0]
             t0 = time.perf_counter()
             state, m = step(state, batch, jax.random.key(0))
             jax.block_until_ready(m)

@@ -512,6 +512,41 @@ def test_failures_are_reported_never_silent():
     assert int(fe.saddle(Hn, J, beta=1.0, throw=False).result) != solvers.RESULTS.successful
 
 
+@pytest.mark.parametrize("power_steps", [fe._POWER_STEPS, 0])
+def test_default_start_is_positive_definite_and_near_lambda_max(monkeypatch, power_steps):
+    """The default start estimates λ_max(J) by power iteration on J + cI; it must keep V
+    positive definite, also for couplings whose most negative eigenvalue is the largest in
+    modulus (where plain power iteration finds that one), and fall back to Gershgorin's start
+    when the estimate is short (0 power steps: the Rayleigh quotient of the flat vector)."""
+    monkeypatch.setattr(fe, "_POWER_STEPS", power_steps)
+    rng = np.random.default_rng(7)
+    n, D, beta = 24, 8, 2.0
+    kappa = 0.25 / D
+    steps = np.zeros(2, int)  # Newton steps from the default start, from λ_max's
+    for k in range(12):
+        H, J = random_instance(rng, n, D, scale=0.5 + k)
+        if k % 2:
+            J = J - 3.0 * (k + 1) * np.outer(np.ones(n), np.ones(n)) / n  # λ_min dominant
+            np.fill_diagonal(J, 0.0)
+        lam = np.linalg.eigvalsh(J)
+        G = H @ H.T
+        t_unc = (1 + np.sqrt(1 + 16 * beta**2 * kappa * np.diag(G))) / (4 * beta)
+        t0 = np.asarray(fe._default_t0(jnp.asarray(G, jnp.float32), jnp.asarray(J, jnp.float32),
+                                       beta, kappa))
+        assert np.linalg.eigvalsh(np.diag(t0) - J)[0] > 0  # V(t0) ≻ 0
+        gersh = np.abs(J).sum(1) + t_unc
+        # a Rayleigh quotient never exceeds λ_max; otherwise it is Gershgorin's start
+        assert np.all(t0 <= lam[-1] + t_unc + 1e-4) or np.allclose(t0, gersh, rtol=1e-5)
+        Hj, Jj = jnp.asarray(H, jnp.float32), jnp.asarray(J, jnp.float32)
+        sol = fe.saddle(Hj, Jj, beta=beta)
+        exact = fe.saddle(Hj, Jj, beta=beta, t0=jnp.asarray(lam[-1] + t_unc, jnp.float32))
+        assert int(sol.result) == 0
+        np.testing.assert_allclose(sol.value, exact.value, rtol=1e-4)
+        steps += np.array([int(sol.num_steps), int(exact.num_steps)])
+    if power_steps:  # as close to the saddle as the exact λ_max's start, over the instances
+        assert steps[0] <= 1.1 * steps[1], steps
+
+
 def test_large_beta_float32_is_solved():
     """Deep in the condensed regime (t* just above λ_max(J)) float32 still converges."""
     rng = np.random.default_rng(12)
