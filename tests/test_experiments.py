@@ -170,8 +170,15 @@ def test_zoo_plan_every_cell_builds_or_says_why():
     to softmax's (or says why it cannot be), or is empty with the library's reason; the runs
     come task by task, the learning-rate candidates of the first seed first."""
     zoo = _load("zoo")
-    full = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")  # the shipped grid is valid
+    for path in (ROOT / "configs" / "zoo").glob("*.yaml"):  # every shipped grid is valid
+        zoo.load_grid(path)
+    full = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
     assert len(full["seeds"]) >= 3 and zoo.REFERENCE in full["families"]
+    headline = zoo.load_grid(ROOT / "configs" / "zoo" / "headline.yaml")
+    for name, task in headline["tasks"].items():  # an equal-FLOP task is its twin plus a budget
+        twin = headline["tasks"].get(name.removesuffix("_flops"))
+        assert twin is not None and {**task, "label": "", "flops": 0} == {
+            **twin, "label": "", "flops": 0} or name == name.removesuffix("_flops")
     grid = zoo.load_grid(ROOT / "configs" / "zoo" / "quick.yaml")
     grid["_tasks"], grid["_families"] = list(grid["tasks"]), list(grid["families"])
     cells = zoo.plan_cells(grid, grid["_tasks"], grid["_families"])
