@@ -241,8 +241,8 @@ def summarise(grid, cells: dict) -> dict:
     failed = [{"size": s, "family": f, **x} for (s, f), c in cells.items() for x in c["failed"]]
     return {"runs": rows, "fits": fits,
             "frontier": frontier(points, grid_c),
-            "frontier_at": [{"size": s, **p} for s, p in zip(sizes, frontier(points,
-                                                                             at.values()))],
+            "frontier_at": [{**p, "budget_of": s} for s, p in zip(sizes, frontier(
+                points, at.values()))],
             "sizes": per_size, "missing": missing, "failed": failed,
             "skipped": {f"{s}/{f}": c["skip"] for (s, f), c in cells.items() if c["skip"]}}
 
@@ -352,9 +352,9 @@ def markdown(grid, config, stats: dict) -> str:
               "|---|---|---|---|---|"]
     for p in stats["frontier_at"]:
         if p["loss"] is None:
-            lines.append(f"| {p['flops']:.3g} | {p['size']} | — (no run yet) | | |")
+            lines.append(f"| {p['flops']:.3g} | {p['budget_of']} | — (no run yet) | | |")
             continue
-        lines.append(f"| {p['flops']:.3g} | {p['size']} | {p['loss']:.4f} | "
+        lines.append(f"| {p['flops']:.3g} | {p['budget_of']} | {p['loss']:.4f} | "
                      f"{_label(grid, p['family'])}, {p['size']} model, seed {p['seed']}, "
                      f"step {p['step']} | {p['reached_at']:.3g} |")
     lines += ["", "## Per size", "",
@@ -520,7 +520,7 @@ def cmd_report(args) -> dict:
                       else f"  {fam:14s} not enough runs ({f['n']} runs, {f['sizes']} sizes)")
         for p in stats["frontier_at"]:
             if p["loss"] is not None:
-                print(f"  frontier at {p['flops']:.3g} FLOPs ({p['size']} budget): "
+                print(f"  frontier at {p['flops']:.3g} FLOPs ({p['budget_of']} budget): "
                       f"{p['loss']:.4f}, {p['family']} {p['size']} seed {p['seed']}")
     print(f"scaling: wrote {results / 'scaling.md'}, scaling.json, loss_vs_flops.png, "
           "loss_vs_time.png")

@@ -115,7 +115,7 @@ def test_equal_flop_gap_is_paired_by_seed(report):
 
 
 def test_frontier_holders(report):
-    at = {p["size"]: p for p in report["stats"]["frontier_at"]}
+    at = {p["budget_of"]: p for p in report["stats"]["frontier_at"]}
     # each size's row includes every run of that size (at the most FLOPs one of them spent)
     assert at["small"]["flops"] == pytest.approx(report["budgets"]["small"] * 1.05)
     assert (at["small"]["family"], at["small"]["size"]) == ("softmax", "small")
