@@ -1078,8 +1078,10 @@ def _task_table(grid, task, fams, stats) -> list[str]:
               "skipped steps | seeds |")
     cfg = base_config(grid, task, REFERENCE)
     lines = ["", f"## {t.get('label', task)}", "",
-             f"Base `{t['config']}` with {t.get('set') or {}}: {cfg.train.steps} steps of "
-             f"batch {cfg.data.batch_size}, "
+             f"Base `{t['config']}` with {t.get('set') or {}}: "
+             + (f"{t['flops']:.3g} training FLOPs per run (each family's steps priced to "
+                "spend them)" if t.get("flops") else f"{cfg.train.steps} steps")
+             + f" of batch {cfg.data.batch_size}, "
              + (f"{cfg.model.embed} image tokens" if cfg.data.task in IMAGE_TASKS
                 else f"T = {cfg.data.seq_len}") + f", width {cfg.model.dim}, "
              f"depth {cfg.model.depth}, {cfg.model.num_heads} heads. Softmax: "
