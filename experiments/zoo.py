@@ -471,10 +471,13 @@ def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
     (`price`) and counts its FLOPs."""
     task = grid["tasks"][cell.task]
     cfg = with_lr(base_config(grid, cell.task, cell.family, cell.changes), factor, seed)
+    counted = None
     if runs is not None and task.get("flops") is not None:  # a budget of training FLOPs
-        cfg = cfg.replace({"train.steps": price(grid, runs, cell)["steps"],
-                           "train.count_flops": True})
-    summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists(), progress=False)
+        priced = price(grid, runs, cell)
+        cfg = cfg.replace({"train.steps": priced["steps"], "train.count_flops": True})
+        counted = sf.train.StepFlops(**priced["step_flops"])  # not counted again per run
+    summary = sf.train.run(cfg, out, resume=(out / "config.yaml").exists(), progress=False,
+                           flops=counted)
     records = _train_records(out)
     result = {"task": cell.task, "family": cell.family, "seed": seed, "lr_factor": factor,
               "lr": cfg.train.lr, "val": summary["metrics"], "split": task.get("split", "val"),

@@ -4,7 +4,7 @@ import pytest
 
 from spinformer import config as C
 from spinformer import data, train
-from spinformer.train import _flops
+from spinformer.train import _experiment, _flops
 
 
 def _cfg(**over):
@@ -65,11 +65,16 @@ def test_fit_sums_each_steps_flops_and_resume_continues_the_sum(tmp_path, monkey
             raise Killed()
         return real_batch(self, index, split)
 
+    def no_recount(*args, **kwargs):
+        raise AssertionError("a run given its step's FLOPs counted them again")
+
+    # a count already known (a grid's price) is taken as given, not counted again
+    monkeypatch.setattr(_experiment, "step_flops", no_recount)
     monkeypatch.setattr(data.BracketMatching, "batch", dying_batch)
     with pytest.raises(Killed):
-        train.run(cfg, tmp_path / "cut")
+        train.run(cfg, tmp_path / "cut", flops=model)
     monkeypatch.setattr(data.BracketMatching, "batch", real_batch)
-    resumed = train.run(cfg, tmp_path / "cut", resume=True)
+    resumed = train.run(cfg, tmp_path / "cut", resume=True, flops=model)
     assert resumed["flops"] == full["flops"]
 
 

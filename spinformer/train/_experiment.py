@@ -27,7 +27,7 @@ from .. import data as _data
 from .. import nn as _nn
 from . import _mesh, _orbax
 from ._checkpoint import list_checkpoints, load_latest
-from ._flops import step_flops
+from ._flops import StepFlops, step_flops
 from ._loop import fit
 from ._objective import Objective, init_stream_state
 from ._optim import make_optimizer, make_schedule, num_params
@@ -502,7 +502,7 @@ def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
 
 
 def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None,
-        imports: Sequence[str] = ()):
+        imports: Sequence[str] = (), flops: Optional[StepFlops] = None):
     """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
 
     The run directory is checked first (`train._experiment.check_run_dir`): without `resume`
@@ -517,7 +517,9 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     fails during training (a full disk) is a `RunDirError` naming the directory and the
     checkpoint to resume from. `imports`: the modules imported for this run (the command
     line's `--import`), recorded in `out_dir/imports.json` for those who read its config
-    again (`load_run`, `--resume`).
+    again (`load_run`, `--resume`). `flops`: the step's FLOP count (`step_flops(cfg)`) when
+    it is already known, as a grid's price holds it; with `train.count_flops` and no `flops`
+    the run counts it (seconds to a minute: the step is lowered several times).
     """
     out = pathlib.Path(out_dir)
     saved = out / "config.yaml"
@@ -572,7 +574,8 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
             precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
             objective=build_objective(cfg), stream=cfg.data.stream, trackers=trackers,
-            flops=step_flops(cfg, dataset) if t.count_flops else None,
+            flops=(step_flops(cfg, dataset) if flops is None else flops) if t.count_flops
+            else None,
         )
     return summary
 
