@@ -5,6 +5,9 @@
 - The notebooks of `notebooks/` become pages `notebooks/<name>/` (rendered with their
   committed outputs by mkdocs-jupyter; nothing is executed), without copying them into
   `docs/`.
+- The figures the experiments commit (`experiments/results/**/*.png`) are served at the same
+  paths, so a results page shows the figure its report wrote
+  (`![...](../experiments/results/scaling/loss_vs_flops.png)` from `docs/results/`), not a copy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ def on_files(files, config):
         file = File(f"notebooks/{nb.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
                     use_directory_urls=config["use_directory_urls"])
         files.append(NotebookFile(file, **config))
+    for png in sorted((ROOT / "experiments" / "results").rglob("*.png")):
+        files.append(File(png.relative_to(ROOT).as_posix(), src_dir=str(ROOT),
+                          dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
     return files
 
 
