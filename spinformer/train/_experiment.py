@@ -519,7 +519,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
     line's `--import`), recorded in `out_dir/imports.json` for those who read its config
     again (`load_run`, `--resume`). `flops`: the step's FLOP count (`step_flops(cfg)`) when
     it is already known, as a grid's price holds it; with `train.count_flops` and no `flops`
-    the run counts it (seconds to a minute: the step is lowered several times).
+    the run counts it, lowering the step once per straight-line variant (`step_flops`).
     """
     out = pathlib.Path(out_dir)
     saved = out / "config.yaml"
@@ -574,8 +574,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
             extra_summary=extra, max_bad_steps=t.max_bad_steps, accumulate=t.accumulate,
             precision=t.precision, mesh=mesh, checkpointer=resolve_checkpointer(cfg, mesh),
             objective=build_objective(cfg), stream=cfg.data.stream, trackers=trackers,
-            flops=(step_flops(cfg, dataset) if flops is None else flops) if t.count_flops
-            else None,
+            flops=(flops or step_flops(cfg, dataset)) if t.count_flops else None,
         )
     return summary
 
