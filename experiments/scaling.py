@@ -17,7 +17,9 @@ directories are not read) and writes into `--results` (default
   - per family, the power law L = a·C^(−α) of the final test loss against the training FLOPs
     spent, fitted by least squares on log L against log C over all the family's finished runs,
     α with its 95 % t-interval (n − 2 degrees of freedom); fewer than 3 runs or 2 sizes:
-    "not enough runs";
+    "not enough runs"; the local exponents between consecutive sizes (`alpha_between`: a bend
+    in the curve shows there), and the FLOPs where the family's line meets softmax's
+    (`meets_reference_at`, an extrapolation);
   - the compute-efficient frontier: the lowest validation loss any run reached at or below each
     FLOP value (from every run's validation curve), and the run that holds it;
   - per size, each family's test loss (mean ± 95 % t-interval over seeds), parameters, steps,
@@ -146,6 +148,30 @@ def fit_power_law(flops, losses) -> dict:
             "r2": 1 - float(resid @ resid) / syy if syy > 0 else math.nan}
 
 
+def alpha_between(sizes, rows) -> list[dict]:
+    """The local exponent between each two consecutive sizes that have runs: α = −Δ log L /
+    Δ log C between the sizes' means of log test loss and log FLOPs (`rows`: one family's runs,
+    dicts with `size`, `flops` and `test_loss`). A power law has the same α between every two
+    sizes; a curve that bends shows it here first."""
+    means = []
+    for size in sizes:
+        mine = [r for r in rows if r["size"] == size]
+        if mine:
+            means.append((size, np.mean(np.log([r["flops"] for r in mine])),
+                          np.mean(np.log([r["test_loss"] for r in mine]))))
+    return [{"from": s0, "to": s1, "alpha": -float((y1 - y0) / (x1 - x0))}
+            for (s0, x0, y0), (s1, x1, y1) in zip(means, means[1:]) if x1 != x0]
+
+
+def meeting_point(fit: dict, ref: Optional[dict]) -> Optional[float]:
+    """The FLOPs C at which the power law `fit` meets `ref` (a·C^(−α) equal for both; beyond
+    C the steeper of the two is lower). None where either fit is not `enough`, or for equal
+    exponents. An extrapolation of the fitted lines, not a measurement."""
+    if not (ref and fit["enough"] and ref["enough"]) or fit["alpha"] == ref["alpha"]:
+        return None
+    return math.exp((math.log(fit["a"]) - math.log(ref["a"])) / (fit["alpha"] - ref["alpha"]))
+
+
 def frontier(points: list[dict], at) -> list[dict]:
     """The compute-efficient frontier. `points`: curve points, dicts with `flops`, `loss` and
     who reached it (`family`, `size`, `seed`, `step`). Returns, for each FLOP value `c` of
@@ -224,7 +250,10 @@ def summarise(grid, cells: dict) -> dict:
         fit = fit_power_law([r["flops"] for r in mine], [r["test_loss"] for r in mine])
         fit["sizes"] = len({r["size"] for r in mine})
         fit["enough"] = fit["n"] >= 3 and fit["sizes"] >= 2 and math.isfinite(fit["alpha_ci"])
+        fit["alpha_between"] = alpha_between(sizes, mine)
         fits[fam] = fit
+    for fit in fits.values():
+        fit["meets_reference_at"] = meeting_point(fit, fits.get(REFERENCE))
     finite = [p["flops"] for p in points if np.isfinite(p["flops"]) and p["flops"] > 0]
     grid_c = (np.geomspace(min(finite), max(finite), FRONTIER_POINTS) if finite
               else np.array([]))
@@ -332,17 +361,26 @@ def markdown(grid, config, stats: dict) -> str:
               "L = a·C^(−α), least squares on log L against log C over every finished run of "
               "the family (all sizes and seeds; C the FLOPs the run spent); α with the "
               "half-width of its 95 % t-interval (n − 2 degrees of freedom).", "",
-              "| family | α | 95 % interval of α | a | R² | runs | sizes |",
-              "|---|---|---|---|---|---|---|"]
+              "α between sizes: the local exponent between consecutive sizes' means (a power "
+              "law has the same one throughout). Meets softmax at: the FLOPs where the two "
+              "fitted lines cross (beyond it the steeper one is lower); an extrapolation, not a "
+              "measurement.", "",
+              "| family | α | 95 % interval of α | a | R² | runs | sizes | α between sizes | "
+              "meets softmax at |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for fam in fams:
         f = stats["fits"][fam]
         if not f["enough"]:
             lines.append(f"| {_label(grid, fam)} | not enough runs | | | | {f['n']} | "
-                         f"{f['sizes']} |")
+                         f"{f['sizes']} | | |")
             continue
+        between = ", ".join(f"{b['from']}→{b['to']} {b['alpha']:.3f}"
+                            for b in f["alpha_between"])
+        meets = f["meets_reference_at"]
         lines.append(f"| {_label(grid, fam)} | {f['alpha']:.4f} ± {f['alpha_ci']:.4f} | "
                      f"[{f['alpha'] - f['alpha_ci']:.4f}, {f['alpha'] + f['alpha_ci']:.4f}] | "
-                     f"{f['a']:.3g} | {f['r2']:.3f} | {f['n']} | {f['sizes']} |")
+                     f"{f['a']:.3g} | {f['r2']:.3f} | {f['n']} | {f['sizes']} | {between} | "
+                     f"{'—' if meets is None else f'{meets:.2g}'} |")
     lines += ["", "## The compute-efficient frontier", "",
               "The lowest validation loss any run reached at or below C training FLOPs (every "
               "run's validation curve, all families and sizes), at each size's budget (or the "

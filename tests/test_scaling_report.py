@@ -92,6 +92,14 @@ def test_power_law_recovered(report):
         assert abs(f["alpha"] - alpha) < 0.01, (fam, f)
         assert f["alpha"] - f["alpha_ci"] < alpha < f["alpha"] + f["alpha_ci"], (fam, f)
         assert 0 < f["alpha_ci"] < 0.01
+        assert [(b["from"], b["to"]) for b in f["alpha_between"]] == [("small", "medium"),
+                                                                        ("medium", "large")]
+        assert all(abs(b["alpha"] - alpha) < 0.01 for b in f["alpha_between"]), (fam, f)
+    # the laws meet at exp(ln(14.9 / 6) / 0.03) = 1.5e13: between the small and large budgets
+    meets = fits["spin"]["meets_reference_at"]
+    assert report["budgets"]["small"] < meets < report["budgets"]["large"]
+    assert abs(math.log(meets) - math.log(14.9 / 6.0) / 0.03) < 3.0
+    assert fits["softmax"]["meets_reference_at"] is None
     assert fits["hopfield"]["n"] == 0 and not fits["hopfield"]["enough"]
     assert "| modern Hopfield | not enough runs |" in report["md"]
 
@@ -141,6 +149,15 @@ def test_missing_and_failed_runs_are_listed(report):
     assert "| small | hopfield | lr1_s0 | 40 | fixed_point: no convergence |" in md
     assert "| modern Hopfield | failed (1 run) [0 of 3 seeds] |" in md
     assert "| modern Hopfield | pending [0 of 2 seeds] |" in md  # medium
+
+
+def test_meeting_point_by_hand(scaling):
+    """1·C^(−0.1) = e·C^(−0.05) where −0.1 ln C = 1 − 0.05 ln C: ln C = −20."""
+    fit = {"a": 1.0, "alpha": 0.1, "enough": True}
+    ref = {"a": math.e, "alpha": 0.05, "enough": True}
+    assert scaling.meeting_point(fit, ref) == pytest.approx(math.exp(-20.0))
+    assert scaling.meeting_point(fit, {**ref, "enough": False}) is None
+    assert scaling.meeting_point(fit, {**ref, "alpha": 0.1}) is None
 
 
 def test_fit_interval_by_hand(scaling):
