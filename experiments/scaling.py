@@ -364,10 +364,11 @@ def markdown(grid, config, stats: dict) -> str:
               "α between sizes: the local exponent between consecutive sizes' means (a power "
               "law has the same one throughout). Meets softmax at: the FLOPs where the two "
               "fitted lines cross (beyond it the steeper one is lower); an extrapolation, not a "
-              "measurement.", "",
+              "measurement; a flatter line than softmax's never gets ahead of it.", "",
               "| family | α | 95 % interval of α | a | R² | runs | sizes | α between sizes | "
               "meets softmax at |",
               "|---|---|---|---|---|---|---|---|---|"]
+    top = max((r["flops"] for r in stats["runs"]), default=math.nan)
     for fam in fams:
         f = stats["fits"][fam]
         if not f["enough"]:
@@ -376,11 +377,17 @@ def markdown(grid, config, stats: dict) -> str:
             continue
         between = ", ".join(f"{b['from']}→{b['to']} {b['alpha']:.3f}"
                             for b in f["alpha_between"])
-        meets = f["meets_reference_at"]
+        meets, ref = f["meets_reference_at"], stats["fits"][REFERENCE]
+        if meets is not None and f["alpha"] < ref["alpha"]:
+            meets = "never ahead (flatter)"
+        elif meets is not None and meets > 1e3 * top:
+            meets = f"{meets:.2g} (> 1000× the largest run)"
+        elif meets is not None:
+            meets = f"{meets:.2g}"
         lines.append(f"| {_label(grid, fam)} | {f['alpha']:.4f} ± {f['alpha_ci']:.4f} | "
                      f"[{f['alpha'] - f['alpha_ci']:.4f}, {f['alpha'] + f['alpha_ci']:.4f}] | "
                      f"{f['a']:.3g} | {f['r2']:.3f} | {f['n']} | {f['sizes']} | {between} | "
-                     f"{'—' if meets is None else f'{meets:.2g}'} |")
+                     f"{meets or '—'} |")
     lines += ["", "## The compute-efficient frontier", "",
               "The lowest validation loss any run reached at or below C training FLOPs (every "
               "run's validation curve, all families and sizes), at each size's budget (or the "
