@@ -364,7 +364,7 @@ def markdown(grid, config, stats: dict) -> str:
               "α between sizes: the local exponent between consecutive sizes' means (a power "
               "law has the same one throughout). Meets softmax at: the FLOPs where the two "
               "fitted lines cross (beyond it the steeper one is lower); an extrapolation, not a "
-              "measurement; a flatter line than softmax's never gets ahead of it.", "",
+              "measurement; a flatter line than softmax's is behind it beyond that point.", "",
               "| family | α | 95 % interval of α | a | R² | runs | sizes | α between sizes | "
               "meets softmax at |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -378,8 +378,9 @@ def markdown(grid, config, stats: dict) -> str:
         between = ", ".join(f"{b['from']}→{b['to']} {b['alpha']:.3f}"
                             for b in f["alpha_between"])
         meets, ref = f["meets_reference_at"], stats["fits"][REFERENCE]
-        if meets is not None and f["alpha"] < ref["alpha"]:
-            meets = "never ahead (flatter)"
+        if meets is not None and f["alpha"] < ref["alpha"]:  # ahead only below `meets`
+            meets = ("never ahead (flatter)" if meets <= top
+                     else f"behind beyond {meets:.2g} (flatter)")
         elif meets is not None and meets > 1e3 * top:
             meets = f"{meets:.2g} (> 1000× the largest run)"
         elif meets is not None:
