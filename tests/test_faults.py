@@ -1191,7 +1191,10 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "spinformer", "run",
                              "quickstart", "--out", str(tmp_path / "run")], env=env,
                             stderr=subprocess.PIPE, text=True,
-                            cwd=pathlib.Path(__file__).resolve().parent.parent)
+                            cwd=pathlib.Path(__file__).resolve().parent.parent,
+                            # a shell's background job (`pytest &`) ignores SIGINT, and Python
+                            # installs its Ctrl-C handler only where SIGINT is not ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stderr:  # `-X importtime`: a line as each module is imported
         lines.append(line)
