@@ -9,7 +9,6 @@ Run time is mostly XLA compilation, so test data are numpy arrays (no eager JAX 
 modules mostly share one `max_len`, and related calls share one jitted function.
 """
 
-import dataclasses
 import functools
 import itertools
 import re

@@ -95,7 +95,7 @@ def compare(T, causal, repeats):
     h, J = problem(T)
     fast = _loss(lambda h_, J_: boltzmann_marginals(h_, J_, causal=causal))
     slow = _loss(lambda h_, J_: per_query_marginals(h_, J_, causal=causal))
-    (va, ga), (vb, gb) = fast(h, J), slow(h, J)  # compile + check agreement
+    (_, ga), (_, gb) = fast(h, J), slow(h, J)  # compile + check agreement
     ref = reference64(np.asarray(h), np.asarray(J), causal)
     m_fast = float(np.max(np.abs(np.asarray(boltzmann_marginals(h, J, causal=causal)) - ref)))
     m_slow = float(np.max(np.abs(np.asarray(jax.jit(

@@ -141,7 +141,7 @@ def section_forward(quick):
     print(f"jaxopt/ours Anderson on the {len(sel)} instances both solved: mean evaluations "
           f"{e_ours:.1f} vs {e_theirs:.1f} (x{ratio_e:.2f}), forward time x{ratio_t:.2f}")
 
-    print(f"\n## 1b. Batch of 64 contractive tanh maps (n=256, ||W||=0.95) under vmap")
+    print("\n## 1b. Batch of 64 contractive tanh maps (n=256, ||W||=0.95) under vmap")
     W, b = tanh_batch(0, 64, 256, 0.95)
     x0 = jnp.zeros((256,))
     fns = {k: jax.jit(jax.vmap(lambda W, b, s=s: s(tanh_map, x0, (W, b)))) for k, s in solvers.items()}

@@ -94,7 +94,7 @@ def main(argv=None):
     f_ours, f_ref = loss(ours), loss(reference)
     m_ours = jax.jit(jax.vmap(ours))(x, J)
     m_ref = jax.jit(jax.vmap(reference))(x, J)
-    (l1, (gx1, gJ1)), (l2, (gx2, gJ2)) = f_ours(x, J), f_ref(x, J)  # warm-up compiles
+    (_, (gx1, gJ1)), (_, (gx2, gJ2)) = f_ours(x, J), f_ref(x, J)  # warm-up compiles
     jax.block_until_ready((gx1, gJ1, gx2, gJ2))
 
     def rel(u, v):

@@ -27,7 +27,7 @@ the reference the incremental path is tested and timed against.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import equinox as eqx
 import jax

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from ..spins._common import matmul_nt_rt, matmul_rt
+from ..spins._common import matmul_nt_rt
 from ._masks import combine_masks
 
 

@@ -1,6 +1,6 @@
 import sys, os
 sys.path.insert(0, os.path.join(os.getcwd(), "experiments/bench"))
-import jax, jax.numpy as jnp, numpy as np, jaxopt
+import jax, jax.numpy as jnp, jaxopt
 from peers import deq_problem, deq_map, f32, ours_fixed, jaxopt_contenders, S
 from _compare import interleaved
 W, U, b, x, w_out = deq_problem(0)

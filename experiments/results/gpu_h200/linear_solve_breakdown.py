@@ -1,6 +1,6 @@
 import sys, os
 sys.path.insert(0, os.path.join(os.getcwd(), "experiments/bench"))
-import jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp
 from peers import deq_problem, deq_map, f32, S
 from spinformer.solvers._linear import richardson_solve, linear_solve
 from _compare import interleaved
