@@ -501,6 +501,16 @@ def _finished(out: pathlib.Path, cfg: "_config.Config") -> Optional[dict]:
     return {**summary, "nothing_to_do": True}
 
 
+def _build(cfg: "_config.Config"):
+    """`(mesh, dataset, model, optimizer)`: what `run` builds from `cfg` before its first
+    step (each step's errors name the config key at fault); nothing is compiled."""
+    mesh = build_mesh(cfg)
+    dataset = build_dataset(cfg)
+    model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+    check_objective(cfg, model, dataset)
+    return mesh, dataset, model, build_optimizer(cfg)
+
+
 def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optional[bool] = None,
         imports: Sequence[str] = (), flops: Optional[StepFlops] = None):
     """Train the experiment `cfg` into `out_dir` (see `fit`); returns the summary dict.
@@ -530,11 +540,7 @@ def run(cfg: "_config.Config", out_dir, *, resume: bool = False, progress: Optio
         return done
     try:
         check_run_dir(out, cfg, resume=resume, write=_mesh.is_writer())
-        mesh = build_mesh(cfg)
-        dataset = build_dataset(cfg)
-        model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-        check_objective(cfg, model, dataset)
-        optimizer = build_optimizer(cfg)
+        mesh, dataset, model, optimizer = _build(cfg)
     except BaseException:
         if created:  # leave no empty directory behind for a run that never started
             with contextlib.suppress(OSError):
