@@ -3,7 +3,8 @@
 ```
 spinformer run CONFIG [--out DIR] [--set key=value ...] [--resume]
                [--coordinator HOST:PORT --num-processes N --process-id I]
-spinformer list
+spinformer list [--dir DIR]
+spinformer show CONFIG [--set key=value ...]
 spinformer report DIR [DIR ...] [--out DIR]
 spinformer generate RUN_DIR --prompt TEXT [--length N] [--temperature T] [--seed S]
                     [--no-cache] [--decode-steps K]
@@ -64,8 +65,24 @@ def find_config(name: str) -> pathlib.Path:
                       "configs.")
 
 
+# the width of a `spinformer list` line's description (its first sentence)
+_SUMMARY_WIDTH = 76
+
+
+def summary_line(description: str) -> str:
+    """The first sentence of a config's description (up to the first ". "), cut to
+    `_SUMMARY_WIDTH` characters at a word: what `spinformer list` shows of it."""
+    text = " ".join(str(description).split())
+    head, dot, _ = text.partition(". ")
+    head = head + ("." if dot else "")
+    if len(head) > _SUMMARY_WIDTH:
+        head = head[:_SUMMARY_WIDTH - 1].rsplit(" ", 1)[0] + "…"
+    return head
+
+
 def list_configs(directory: Optional[pathlib.Path] = None) -> list[tuple[str, str]]:
-    """`(name, description)` of every YAML config in `directory`."""
+    """`(name, description)` of every YAML config in `directory` (the whole description;
+    `summary_line` gives its first sentence)."""
     d = directory or configs_dir()
     out = []
     for p in sorted(d.glob("*.yaml")):
@@ -73,7 +90,7 @@ def list_configs(directory: Optional[pathlib.Path] = None) -> list[tuple[str, st
             desc = (yaml.safe_load(p.read_text()) or {}).get("description", "")
         except yaml.YAMLError:
             desc = "(unreadable YAML)"
-        out.append((p.stem, str(desc).strip().splitlines()[0] if desc else ""))
+        out.append((p.stem, " ".join(str(desc).split()) if desc else ""))
     return out
 
 
@@ -176,6 +193,7 @@ def _cmd_run(args) -> int:
     cfg = load_config(path, overrides=args.set)
     # before any JAX computation; a no-op unless several processes are asked for
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    notes = []
     if args.resume:
         saved = out / "config.yaml"
         if not saved.exists():
@@ -184,9 +202,11 @@ def _cmd_run(args) -> int:
             raise ConfigError(f"--resume: {out} holds no run to resume (no config.yaml); "
                               f"drop --resume to start a new run there.")
         # the run goes on with the config it was started with; --set changes apply on top
-        # (train.steps=N continues it to N steps)
-        cfg = _resumed_config(path, saved, cfg, args.set)
+        # (train.steps=N continues it to N steps); its faults are errors before any note
+        cfg, notes = _resumed_config(path, saved, cfg, args.set, out)
     if is_writer():
+        for note in notes:
+            print(f"spinformer: note: {note}", file=sys.stderr)
         print(f"spinformer: {path} -> {out}", file=sys.stderr)
     try:
         with _SignalEcho():
@@ -216,20 +236,29 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _resumed_config(path, saved, cfg, overrides):
-    """The config a resumed run goes on with: the one saved in the run directory with the
-    `--set` changes on top. A note names the keys at which the config file given on the
-    command line differs from it (they are not used)."""
+def _resumed_config(path, saved, cfg, overrides, out):
+    """`(config, notes)`: the config a resumed run goes on with (the one saved in the run
+    directory `out` with the `--set` changes on top, checked against the run there first:
+    a `ConfigError` says what does not fit), and the notes to print: the keys at which the
+    config file given on the command line differs from it (they are not used), and a run
+    that wrote no checkpoint yet (it starts again from step 0)."""
     from .config import load_config, to_dict
-    from .train._experiment import _diff, _resumable
+    from .train._checkpoint import list_checkpoints
+    from .train._experiment import _diff, _resumable, check_run_dir
+    from .train._orbax import OrbaxCheckpoints
 
     resumed = load_config(saved, overrides=overrides)
+    check_run_dir(out, resumed, resume=True, write=False)
+    notes = []
     ignored = [k for k in _diff(to_dict(resumed), to_dict(cfg)) if not _resumable(k)]
     if ignored:
-        print(f"spinformer: note: resuming with the config saved in {saved}; {path} differs "
-              f"at {', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''} (not used)",
-              file=sys.stderr)
-    return resumed
+        notes.append(f"resuming with the config saved in {saved}; {path} differs at "
+                     f"{', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''} (not "
+                     "used)")
+    if not list_checkpoints(out) and not OrbaxCheckpoints(out).exists():
+        notes.append(f"--resume: {out} holds no checkpoint yet (the run stopped before "
+                     "writing one): starting from step 0")
+    return resumed, notes
 
 
 def _how_to_run(configs: pathlib.Path, group: str) -> str:
@@ -256,14 +285,29 @@ def _cmd_list(args) -> int:
         return 2
     width = max(len(n) for n, _ in rows)
     for name, desc in rows:
-        print(f"{name:<{width}}  {desc}")
+        print(f"{name:<{width}}  {summary_line(desc)}")
     d = pathlib.Path(args.dir) if args.dir else configs_dir()
     exp = [(sub.name, list_configs(sub)) for sub in sorted(d.iterdir()) if sub.is_dir()]
     for group, cfgs in exp:
         if cfgs:
             print(f"\nexperiment configs in {d / group} ({_how_to_run(d, group)}):")
             for name, desc in cfgs:
-                print(f"  {name:<{width}}  {desc}")
+                print(f"  {name:<{width}}  {summary_line(desc)}")
+    print("\n`spinformer show NAME`: a config's whole description and every key it sets.")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from .config import describe, load_config
+
+    import textwrap
+
+    path = find_config(args.config)
+    cfg = load_config(path, overrides=args.set)
+    print(f"# {path}")
+    print(textwrap.fill(cfg.description, 92, initial_indent="# ", subsequent_indent="# "))
+    print("\n".join(line for line in describe(cfg).splitlines()
+                    if not line.startswith("description =")))
     return 0
 
 
@@ -418,9 +462,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "SPINFORMER_PROCESS_ID)")
     r.set_defaults(fn=_cmd_run)
 
-    ls = sub.add_parser("list", help="list the shipped configs with their descriptions")
+    ls = sub.add_parser("list", help="the shipped configs, one line each")
     ls.add_argument("--dir", help="a folder of configs (default: ./configs)")
     ls.set_defaults(fn=_cmd_list)
+
+    sh = sub.add_parser("show", help="a config's whole description and every key it sets, "
+                        "with its value and meaning")
+    sh.add_argument("config", help="a YAML file, or the name of a shipped config (see `list`)")
+    _import_option(sh)
+    sh.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value first, as for `run` (repeatable)")
+    sh.set_defaults(fn=_cmd_show)
 
     rep = sub.add_parser("report", help="table and figures of one or several runs")
     rep.add_argument("dirs", nargs="+", help="run directories")
@@ -456,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--batches", type=int, default=1,
                     help="validation batches to analyse, every example of each (1)")
     dg.add_argument("--starts", type=int, default=8,
-                    help="random starts per fixed point, besides the default one (8)")
+                    help="random starts per fixed point, besides the default one (8; 0 "
+                    "analyses the default start alone, several times quicker)")
     dg.add_argument("--seed", type=int, default=0, help="seed of the random starts (0)")
     dg.add_argument("--out", help="where to write diagnostics.json and diagnostics.png "
                     "(default: the run directory)")
@@ -484,13 +537,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from ._toolchain import restart_with_hugepages
 
             restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
-        from .config import ConfigError
-
         args = build_parser().parse_args(argv)
         try:
             import_user_modules(getattr(args, "imports", []))
             return args.fn(args)
-        except (ConfigError, FileNotFoundError) as e:
+        except Exception as e:  # the faults a user can fix are one line
+            if not _user_fault(e):
+                raise
             print(f"spinformer: error: {e}{_import_hint(e)}", file=sys.stderr)
             return 2
     except KeyboardInterrupt:  # while starting (imports), setting up, or a second Ctrl-C
@@ -502,6 +555,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _user_fault(e: Exception) -> bool:
+    """A config fault, a missing file, or a checkpoint that cannot be read: said in one line
+    (the classes are imported only once something failed: `spinformer list` stays free of
+    JAX)."""
+    if isinstance(e, FileNotFoundError):
+        return True
+    from .config import ConfigError
+    from .train._checkpoint import CorruptCheckpoint
+
+    return isinstance(e, (ConfigError, CorruptCheckpoint))
 
 
 def _import_hint(e: Exception) -> str:

@@ -577,6 +577,11 @@ def _value(value, k: Key, where: str):
 
 
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
+    if prefix == "model." and key in _schema.attention_names():  # a family without settings
+        return ConfigError(f"model.{key}: {key} attention has no settings, so there is no "
+                           f"section model.{key}; `model.attention: {key}` alone chooses it "
+                           "(the model's sizes are model.dim, model.depth, model.num_heads, "
+                           "...).")
     hint = _schema.did_you_mean(key, valid, cutoff=0.5, prefix=prefix)
     return ConfigError(f"unknown config key {prefix + key!r}.{hint} Valid keys here: "
                        f"{', '.join(prefix + v for v in valid)}.")
@@ -816,12 +821,37 @@ def reference_markdown(cls=None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _walk_values(obj, prefix: str = "", kind: Optional[str] = None):
+    """`(dotted key, Key)` of every key a config instance (a section, or an object of
+    `kind`) holds, with the instance's values as the keys' defaults: what its `config.yaml`
+    writes, in that order."""
+    for k in _keys(obj if kind is not None else type(obj), kind).values():
+        if kind is None:
+            if isinstance(obj, ModelConfig) and k.name not in obj.__dataclass_fields__:
+                value = obj.section(k.name)  # an attention's section: only those it uses
+                if value is None:
+                    continue
+            else:
+                value = getattr(obj, k.name)
+            k = dataclasses.replace(k, default=value)
+        yield prefix + k.name, k
+        if k.kind is not None and k.is_section:
+            yield from _walk_values(k.default, prefix + k.name + ".", k.kind)
+        elif k.kind is None and dataclasses.is_dataclass(k.default):
+            yield from _walk_values(k.default, prefix + k.name + ".")
+
+
 def describe(cls=None, prefix: str = "") -> str:
     """Every key with its default and its one-line meaning, one per line (default: the
-    whole `Config`)."""
+    whole `Config`). Given a config instance (`load_config(...)`) instead of a class: the
+    keys it holds, with its values (`spinformer show CONFIG`)."""
+    if cls is None or isinstance(cls, type):
+        walk = _walk(Config if cls is None else cls, prefix)
+    else:
+        walk = _walk_values(cls, prefix)
     return "\n".join(f"{dotted}:  # {k.help}" if k.is_section else
                      f"{dotted} = {_plain(k.default, k.kind)!r}  # {k.help}"
-                     for dotted, k in _walk(Config if cls is None else cls, prefix))
+                     for dotted, k in walk)
 
 
 def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional[list] = None

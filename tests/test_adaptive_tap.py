@@ -490,7 +490,7 @@ def _grad_problem(prior, N, d):
     return X, J, w, D, E, loss
 
 
-_IMPLICIT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5), tol=1e-12)
+_IMPLICIT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5), rtol=1e-12)
 
 
 @pytest.mark.parametrize("prior,N,d", [

@@ -279,7 +279,7 @@ def test_mean_field_tap_gradients_and_tap_accuracy(getkey, x64):
     k = getkey()
     # plain iteration forward and backward (compiles 3x faster than Anderson), solved tightly
     tight = dict(solver=solvers.Picard(tol=1e-13, max_steps=500),
-                 adjoint=solvers.Implicit(solvers.Picard(), tol=1e-13, max_steps=500))
+                 adjoint=solvers.Implicit(solvers.Picard(), rtol=1e-13, max_steps=500))
     x, w = _normal(32, T, D), _normal(33, T, D)
     mask = _random_mask(2, T, T)
     mask[-2:] = True

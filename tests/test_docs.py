@@ -46,6 +46,38 @@ def test_api_reference_has_every_public_name(site):
             assert not missing, f"api/{page}.md lacks {name}: {missing}"
 
 
+def test_site_holds_pages_not_build_scripts(site):
+    assert (site / "index.html").exists()
+    scripts = sorted(str(p.relative_to(site)) for p in site.rglob("*.py"))
+    assert not scripts, f"the site copies build scripts: {scripts}"
+
+
+def _doc_texts():
+    """The README's and the docs' text, without the changes page's tables of old names."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in pages}
+    project = texts["docs/project.md"]
+    start, end = project.index("## Changes"), project.index("## Contributing")
+    texts["docs/project.md"] = project[:start] + project[end:]
+    return texts
+
+
+def test_every_solver_name_the_docs_mention_exists():
+    """`RESULTS.<code>` and `solvers.<name>` in the README and the docs are real names (a
+    guide once listed `RESULTS.diverged`, which does not exist)."""
+    from spinformer import solvers
+
+    missing = []
+    for where, text in _doc_texts().items():
+        for code in re.findall(r"\bRESULTS\.([A-Za-z_]\w*)", text):
+            if not hasattr(solvers.RESULTS, code):
+                missing.append(f"{where}: RESULTS.{code}")
+        for name in re.findall(r"(?<![/\w.])solvers\.([A-Za-z_]\w*)", text):
+            if name not in ("md", "py") and not hasattr(solvers, name):
+                missing.append(f"{where}: solvers.{name}")
+    assert not missing, missing
+
+
 def test_config_reference_is_generated_from_the_schema(site):
     html = (site / "guides" / "command_line" / "index.html").read_text()
     for key in spinformer.config.describe().splitlines():

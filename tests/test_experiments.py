@@ -89,7 +89,7 @@ def test_ngt_nli_plan_and_configs():
             base.model.dim, base.train.steps, base.data.task)  # equal width and budget
         if name.startswith("ngt") or name.startswith("short"):
             assert cfg.model.neurogame.adjoint == (
-                solvers.Implicit(tol=1e-4) if name == "ngt_implicit" else solvers.Unrolled())
+                solvers.Implicit(rtol=1e-4) if name == "ngt_implicit" else solvers.Unrolled())
     assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
     assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"
     short = ngt.config_for("short_exact", 0, False)

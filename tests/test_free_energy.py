@@ -398,7 +398,7 @@ def test_gradients_of_magnetizations_implicit_unrolled_fd(all_adjoints, x64):
     others = []
     if all_adjoints:  # unrolling the Newton iterations, and the matrix-free implicit adjoint
         others = [solvers.Unrolled(),
-                  solvers.Implicit(linear_solver=solvers.GMRES(restart=20), tol=1e-12)]
+                  solvers.Implicit(linear_solver=solvers.GMRES(restart=20), rtol=1e-12)]
     for adjoint in others:
         g = jax.jit(jax.grad(lambda p: loss(p, adjoint)))(jnp.asarray(p))
         np.testing.assert_allclose(g_imp, g, rtol=1e-9, atol=1e-11)
@@ -560,7 +560,7 @@ def test_large_beta_float32_is_solved():
 def test_backward_failure_raises():
     rng = np.random.default_rng(13)
     H, J = random_instance(rng, 8, 4)
-    starved = solvers.Implicit(linear_solver=solvers.GMRES(restart=1), max_steps=1, tol=1e-9)
+    starved = solvers.Implicit(linear_solver=solvers.GMRES(restart=1), max_steps=1, rtol=1e-9)
 
     def loss(H):
         return jnp.sum(fe.magnetizations(H, J, beta=1.0, adjoint=starved) ** 2)

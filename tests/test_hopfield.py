@@ -88,7 +88,7 @@ def test_retrieve_gradients_match_finite_differences(x64, patterns):
         return jnp.sum(jnp.sin(hp.retrieve(xi, X, beta=0.3, adjoint=adjoint,
                                            solver=solvers.Picard(tol=1e-13)).value))
 
-    g_imp = jax.grad(loss)(X, solvers.Implicit(linear_solver=solvers.GMRES(), tol=1e-12))
+    g_imp = jax.grad(loss)(X, solvers.Implicit(linear_solver=solvers.GMRES(), rtol=1e-12))
     g_unr = jax.grad(loss)(X, solvers.Unrolled())
     np.testing.assert_allclose(g_imp, g_unr, atol=1e-8)
     d = jax.random.normal(jax.random.key(5), X.shape, jnp.float64)
@@ -139,7 +139,7 @@ def test_retrieval_attention_solves_each_query_and_stays_causal(getkey):
 def test_hopfield_gradients_and_decoding(getkey):
     attn = nn.HopfieldAttention(8, 2, causal=True, solver=solvers.Picard(tol=1e-6,
                                 max_steps=500), adjoint=solvers.Implicit(
-        linear_solver=solvers.GMRES(restart=5), tol=1e-4), key=getkey())
+        linear_solver=solvers.GMRES(restart=5), rtol=1e-4), key=getkey())
     x = jax.random.normal(getkey(), (5, 8))
     grads = eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2))(attn)
     g, records = solvers.backward_stats(grads)

@@ -80,7 +80,7 @@ def test_mlp_fixed_point_and_gradients():
     """The MLP Onsager model: the solution satisfies its update; implicit gradients match
     backprop through many unrolled iterations and central finite differences."""
     a = make(onsager="mlp", solver=solvers.Anderson(tol=1e-6, max_steps=100),
-             adjoint=solvers.Implicit(tol=1e-7))
+             adjoint=solvers.Implicit(rtol=1e-7))
     x = tokens()
     m = call(a, x)
     X = a.fields(x)

@@ -205,7 +205,7 @@ def test_ablations_gate_and_interactions():
 def test_gradients_match_finite_differences(x64, mode, estimator):
     a = make(mode, estimator, gamma=1.0,
              solver=solvers.Newton(tol=1e-12, max_steps=100),
-             adjoint=solvers.Implicit(linear_solver=solvers.GMRES(restart=8), tol=1e-12))
+             adjoint=solvers.Implicit(linear_solver=solvers.GMRES(restart=8), rtol=1e-12))
     x = tokens(5, scale=0.5)
     _, d = call(a, x, key=jax.random.key(3), return_diagnostics=True)
     assert np.all(np.asarray(d.solver.result) == solvers.RESULTS.successful)
@@ -238,8 +238,8 @@ def test_unrolled_and_implicit_gradients_agree():
     common = dict(gamma=1.0, solver=solvers.Picard(tol=1e-7, max_steps=200))
     grads = []
     for adjoint in (solvers.Unrolled(),
-                    solvers.Implicit(linear_solver=solvers.GMRES(restart=6), tol=1e-7),
-                    solvers.Implicit(tol=1e-7)):  # the default's linear solver (Anderson)
+                    solvers.Implicit(linear_solver=solvers.GMRES(restart=6), rtol=1e-7),
+                    solvers.Implicit(rtol=1e-7)):  # the default's linear solver (Anderson)
         a = make("pooled", "exact", adjoint=adjoint, **common)
         grads.append(eqx.filter_jit(eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2)))(a).to_v.weight)
     for g in grads[1:]:

@@ -173,7 +173,7 @@ def test_spin_gradients_implicit_vs_unrolled_vs_fd(update, getkey, x64):
         return jnp.sum(jnp.sin(a(x)))
 
     grads = {}
-    for name, adj in (("implicit", solvers.Implicit(tol=1e-10)), ("unrolled", solvers.Unrolled())):
+    for name, adj in (("implicit", solvers.Implicit(rtol=1e-10)), ("unrolled", solvers.Unrolled())):
         a = eqx.tree_at(lambda m: m.adjoint, base, adj)
         grads[name] = eqx.filter_jit(eqx.filter_grad(loss))(a).to_q.weight
     np.testing.assert_allclose(grads["implicit"], grads["unrolled"], rtol=1e-5, atol=1e-9)
@@ -223,7 +223,7 @@ def test_spin_temperature_coupling_and_value_options(getkey, x64):
 
     mf = _spin(16, 2, k, causal=True, update="mean_field", learn_beta=True, value_proj=True,
                solver=solvers.Anderson(tol=1e-10, max_steps=200),
-               adjoint=solvers.Implicit(tol=1e-10))
+               adjoint=solvers.Implicit(rtol=1e-10))
 
     @eqx.filter_jit
     def loss(a):

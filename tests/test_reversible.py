@@ -93,7 +93,7 @@ def test_gradient_equals_unrolled_and_implicit(beta, x64):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)
     g_rev, steps = grad(jnp.asarray(W), b, S.ReversibleAdjoint())
     g_unr, _ = grad(jnp.asarray(W), b, S.Unrolled())
-    g_imp, _ = grad(jnp.asarray(W), b, S.Implicit(tol=1e-12))
+    g_imp, _ = grad(jnp.asarray(W), b, S.Implicit(rtol=1e-12))
     assert int(steps) > 10
     for r, u, i in zip(g_rev, g_unr, g_imp):
         assert _rel(r, u) < 1e-10, (_rel(r, u), int(steps))

@@ -158,7 +158,7 @@ def test_root_find_newton_and_broyden(x64):
         np.testing.assert_allclose(sol.value, ref, atol=1e-10)
         # d x / d t = 1 / (3 x^2 + 1)
         g = jax.grad(lambda t: S.root_find(F, jnp.zeros(3), t, solver=tuned(solver, tol=1e-12),
-                                           adjoint=S.Implicit(tol=1e-11)).value.sum())(theta)
+                                           adjoint=S.Implicit(rtol=1e-11)).value.sum())(theta)
         np.testing.assert_allclose(g, 1 / (3 * ref**2 + 1), rtol=1e-7)
 
 
@@ -203,7 +203,7 @@ def test_dense_adjoint_solves_what_richardson_cannot(x64):
     np.testing.assert_allclose(g, want, rtol=1e-9)
     assert record[3] == 1 and record[2] < 1e-9
     with pytest.raises(ValueError, match="needs the solution point"):
-        closed.solve(lambda v: v, b, tol=1e-6, max_steps=1)
+        closed.solve(lambda v: v, b, rtol=1e-6, max_steps=1)
 
 
 def test_jit_and_float64_dtypes(x64):
@@ -270,12 +270,12 @@ def _fd_grad(f, x, eps=1e-6):
 @pytest.mark.parametrize(
     "solver,adjoint",
     [
-        (S.Anderson(), S.Implicit(tol=1e-11)),
-        (S.Anderson(), S.Implicit(linear_solver=S.BiCGStab(), tol=1e-11)),
-        (S.Anderson(), S.Implicit(linear_solver=S.GMRES(restart=20), tol=1e-11)),
-        (S.Picard(damping=0.2), S.Implicit(tol=1e-11)),
-        (S.Broyden(), S.Implicit(tol=1e-11)),
-        (S.JaxoptAnderson(), S.Implicit(tol=1e-11)),
+        (S.Anderson(), S.Implicit(rtol=1e-11)),
+        (S.Anderson(), S.Implicit(linear_solver=S.BiCGStab(), rtol=1e-11)),
+        (S.Anderson(), S.Implicit(linear_solver=S.GMRES(restart=20), rtol=1e-11)),
+        (S.Picard(damping=0.2), S.Implicit(rtol=1e-11)),
+        (S.Broyden(), S.Implicit(rtol=1e-11)),
+        (S.JaxoptAnderson(), S.Implicit(rtol=1e-11)),
     ],
     ids=ids,
 )
@@ -340,7 +340,7 @@ def _closed_over_unrolled_reference():
 )
 def test_gradient_wrt_closed_over_parameters(linear_solver, x64):
     W, loss = _closed_over_problem()
-    g_imp = jax.grad(loss)(W, S.Implicit(linear_solver, tol=1e-11, max_steps=1000))
+    g_imp = jax.grad(loss)(W, S.Implicit(linear_solver, rtol=1e-11, max_steps=1000))
     g_unr = _closed_over_unrolled_reference()
     np.testing.assert_allclose(g_imp, g_unr, rtol=1e-7, atol=1e-10)
     assert np.abs(g_imp).sum() > 0
@@ -450,7 +450,7 @@ def test_failing_backward_solve_raises_or_nans():
         jnp.ones(3))
     np.testing.assert_allclose(g, 100.0, rtol=1e-3)
     # With enough steps the same solve succeeds: the failure was the solve, not the map.
-    ok = S.Implicit(linear_solver=S.Picard(), max_steps=5000, tol=1e-5)
+    ok = S.Implicit(linear_solver=S.Picard(), max_steps=5000, rtol=1e-5)
     g = jax.grad(lambda b: S.fixed_point(linear_map, jnp.zeros(3), (A, b), adjoint=ok,
                                          solver=S.Anderson(max_steps=5000)).value.sum())(jnp.ones(3))
     np.testing.assert_allclose(g, 100.0, rtol=1e-3)
@@ -489,8 +489,78 @@ def test_input_errors_are_clear():
         S.Phantom(damping=1.0)
     with pytest.raises(ValueError, match="damping"):
         S.Newton(damping=-0.1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"solver=Anderson\(tol=\.\.\.\)"):
         S.fixed_point(good, jnp.zeros(2), tol=1e-3)  # tolerances live on the solver
+    with pytest.raises(ValueError, match="has_aux=True"):  # a pair without has_aux
+        S.fixed_point(lambda x, _: (0.5 * x, x.sum()), jnp.zeros(2))
+    with pytest.raises(ValueError, match="must return a pair"):
+        S.fixed_point(good, jnp.zeros(2), has_aux=True)
+
+
+def test_other_libraries_spellings_point_to_ours():
+    """A call in optimistix's, jaxopt's or banax's spelling says what spinformer calls it
+    and where the guide compares them; a good call is unchanged."""
+    good = lambda x, _: 0.5 * x
+    guide = "Coming from optimistix, jaxopt or banax"
+    with pytest.raises(TypeError, match="the solver is a keyword") as e:
+        S.fixed_point(good, S.Anderson(), jnp.zeros(2), None)  # optx.fixed_point(fn, solver, y0, args)
+    assert guide in str(e.value)
+    with pytest.raises(ValueError, match="x0 is Anderson"):
+        S.fixed_point(good, S.Anderson(), jnp.zeros(2))
+    with pytest.raises(TypeError, match=r"Anderson\(max_steps=\.\.\.\)") as e:
+        S.fixed_point(good, jnp.zeros(2), max_steps=10)
+    assert guide in str(e.value)
+    with pytest.raises(TypeError, match=r"Implicit\(rtol=\.\.\.\)"):
+        S.root_find(good, jnp.zeros(2), rtol=1e-3, atol=1e-6)
+    with pytest.raises(TypeError, match="x0"):
+        S.fixed_point(good, y0=jnp.zeros(2))
+    with pytest.raises(TypeError, match="the solver is a keyword"):
+        S.root_find(good, S.Newton(), jnp.zeros(2), None)
+    # a TypeError raised inside fn is the user's own, untouched
+    def bad(x, _):
+        raise TypeError("mine")
+    with pytest.raises(ValueError, match="mine"):
+        S.fixed_point(bad, jnp.zeros(2))
+    assert float(S.fixed_point(good, jnp.ones(2)).residual) <= 1e-5
+
+
+def test_has_aux_is_the_map_at_the_solution_with_its_gradient(x64):
+    """`has_aux=True`: the solve iterates the first output, `Solution.aux` is the second at
+    the solution, and its gradient matches central finite differences (through the implicit
+    adjoint and the direct dependence on the arguments alike)."""
+    rng = np.random.default_rng(3)
+    W0 = jnp.asarray(0.4 * rng.normal(size=(5, 5)) / np.sqrt(5))
+    b = jnp.asarray(rng.normal(size=5))
+
+    def layer(x, W):
+        pre = W @ x + b
+        return jnp.tanh(pre), {"energy": jnp.sum(pre ** 2) + jnp.sum(W)}
+
+    def aux_loss(W):
+        sol = S.fixed_point(layer, jnp.zeros(5), W, solver=S.Anderson(tol=1e-13),
+                            adjoint=S.Implicit(rtol=1e-13), has_aux=True)
+        return sol.aux["energy"]
+
+    sol = S.fixed_point(layer, jnp.zeros(5), W0, solver=S.Anderson(tol=1e-13), has_aux=True)
+    x = np.tanh(np.asarray(W0) @ np.asarray(sol.value) + np.asarray(b))
+    np.testing.assert_allclose(sol.value, x, atol=1e-12)  # the first output's fixed point
+    pre = np.asarray(W0) @ np.asarray(sol.value) + np.asarray(b)
+    np.testing.assert_allclose(sol.aux["energy"], np.sum(pre ** 2) + np.sum(W0), rtol=1e-12)
+    g = jax.grad(aux_loss)(W0)
+    eps, fd = 1e-6, np.zeros((5, 5))
+    for i in range(5):
+        for j in range(5):
+            d = jnp.zeros((5, 5)).at[i, j].set(eps)
+            fd[i, j] = (aux_loss(W0 + d) - aux_loss(W0 - d)) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+    # the same function again does not trace the solve again: `layer` is called only to
+    # check its output's shapes and to evaluate the auxiliary output
+    calls = []
+    counted = lambda x, W: (calls.append(1), layer(x, W))[1]
+    for expected in (None, 2):
+        calls.clear()
+        S.fixed_point(counted, jnp.zeros(5), W0, solver=S.Anderson(tol=1e-13), has_aux=True)
+        assert expected is None or len(calls) == expected, len(calls)
 
 
 # ----------------------------------------------------------------------------- jaxopt parity
@@ -514,7 +584,7 @@ def test_parity_with_jaxopt_anderson(x64):
     def loss_ours(h):
         sol = S.fixed_point(tap_map, jnp.zeros_like(h), (h, J, 0.9),
                             solver=S.Anderson(tol=1e-12, max_steps=500),
-                            adjoint=S.Implicit(tol=1e-11))
+                            adjoint=S.Implicit(rtol=1e-11))
         return jnp.sum(jnp.cos(sol.value))
 
     def loss_jaxopt(h):
@@ -772,9 +842,9 @@ def test_backward_solves_are_recorded_per_solve(x64):
     B = jnp.ones((4, 3))
     loss = lambda m: jax.vmap(m)(B).sum()
     grad = eqx.filter_jit(eqx.filter_grad(loss))  # with the Picard forward: 9.6 -> 5.9 s
-    plain = grad(Layer(W, S.Implicit(tol=1e-8)))
+    plain = grad(Layer(W, S.Implicit(rtol=1e-8)))
     for lin in (S.Anderson(history=5, safeguard=False), S.GMRES(5), S.BiCGStab()):
-        layer = Layer(W, S.record_backward(S.Implicit(linear_solver=lin, tol=1e-8)))
+        layer = Layer(W, S.record_backward(S.Implicit(linear_solver=lin, rtol=1e-8)))
         grads, records = S.backward_stats(grad(layer))
         (rec,) = records
         assert float(rec[0]) == 4.0  # one backward solve per example
@@ -805,7 +875,7 @@ def test_gmres_reports_the_products_it_makes(restart):
         return A @ v
 
     w, products, resid = jax.jit(lambda b: S.GMRES(restart).solve_with_residual(
-        matvec, b, tol=1e-5, max_steps=60))(b)
+        matvec, b, rtol=1e-5, max_steps=60))(b)
     jax.effects_barrier()
     assert int(products) == len(calls)
     assert (int(products) - 1) % (restart + 1) == 0
@@ -966,7 +1036,7 @@ def test_auto_is_dense_for_small_systems_and_gmres_for_large():
     A = M @ M.T + jnp.eye(40)
     b = jnp.arange(40.0)
     for solver in (S.Auto(), S.Auto(dense_max=4, restart=10)):
-        w, ok, steps, rel = linear_solve(solver, lambda v: A @ v, b, tol=1e-5, max_steps=20)
+        w, ok, steps, rel = linear_solve(solver, lambda v: A @ v, b, rtol=1e-5, max_steps=20)
         assert bool(ok) and float(rel) < 1e-4
         np.testing.assert_allclose(A @ w, b, rtol=1e-3, atol=1e-3)
 

@@ -343,7 +343,7 @@ def test_mean_field_ness_gradients(ness_problem, x64):
     def grad(adjoint, solver=solver):
         return np.asarray(jax.jit(jax.grad(lambda x_: loss(x_, adjoint, solver)))(x))
 
-    g_implicit = grad(solvers.Implicit(tol=1e-10))
+    g_implicit = grad(solvers.Implicit(rtol=1e-10))
     # the reference backpropagates through Picard's iterations (another algorithm to the same
     # fixed point; its unrolled loop compiles in a quarter of Anderson's time)
     g_unrolled = grad(solvers.Unrolled(), solvers.Picard(tol=1e-12, max_steps=500))
@@ -355,7 +355,7 @@ def test_mean_field_ness_gradients(ness_problem, x64):
     rng = np.random.default_rng(9)
     k, eps = 4, 1e-6
     dx = jnp.asarray(rng.normal(size=(k,) + x.shape))
-    batched = jax.jit(jax.vmap(lambda a: loss(a, solvers.Implicit(tol=1e-10))))
+    batched = jax.jit(jax.vmap(lambda a: loss(a, solvers.Implicit(rtol=1e-10))))
     fd = (batched(x + eps * dx) - batched(x - eps * dx)) / (2 * eps)
     want = np.einsum("kid,id->k", np.asarray(dx), g_implicit)
     np.testing.assert_allclose(fd, want, rtol=1e-6, atol=1e-9)

@@ -365,7 +365,7 @@ class BoltzmannConfig:
     # the backward solve to the forward's tolerance: tighter buys no accuracy that the
     # forward fixed point has (docs/families/boltzmann.md)
     adjoint: solvers.AbstractAdjoint = option(
-        solvers.Implicit(tol=1e-4), "mean_field/tap: how gradients flow through the fixed "
+        solvers.Implicit(rtol=1e-4), "mean_field/tap: how gradients flow through the fixed "
         "point", kind="adjoint")
 
     def __post_init__(self):
@@ -415,7 +415,7 @@ class BoltzmannAttention(eqx.Module):
     - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
       tolerance and step budget; default `Picard(tol=1e-4, max_steps=100, damping=0.2)`,
       the config section's `solver`; `adjoint` defaults to the config section's,
-      `Implicit(tol=1e-4)`).
+      `Implicit(rtol=1e-4)`).
       `throw=False` (the default, as in the spin, free-energy and Hopfield attentions)
       returns the solver's best iterate and reports a failed solve in the diagnostics'
       solver statistics, which the trainer counts; `throw=True` raises instead, and then a

@@ -194,7 +194,7 @@ class ImplicitConfig:
         solvers.Anderson(tol=1e-4, max_steps=40),
         "the forward solver of the mean-field fixed point", kind="solver")
     adjoint: solvers.AbstractAdjoint = option(
-        solvers.Implicit(tol=1e-4), "how gradients flow through the fixed point", kind="adjoint")
+        solvers.Implicit(rtol=1e-4), "how gradients flow through the fixed point", kind="adjoint")
     jacobian_penalty: float = option(0.0, "weight of the Jacobian regulariser "
                                      "‖∂F/∂m‖_F²/(N d) added to the loss (0: off)")
     spectral_steps: int = option(0, "power-iteration steps of the spectral-radius diagnostic "
@@ -246,7 +246,7 @@ class ImplicitAttention(eqx.Module):
     - `normalize_input`: fields X = LayerNorm(x)/√d.
     - `output_proj`: a learned d × d map on the magnetizations.
     - `solver`: the forward solver (default `Anderson(tol=1e-4, max_steps=40)`); `adjoint`
-      (default `Implicit(tol=1e-4)`); `throw`: raise on a failed solve instead of reporting
+      (default `Implicit(rtol=1e-4)`); `throw`: raise on a failed solve instead of reporting
       it in the diagnostics.
     - `jacobian_penalty`: weight of the Jacobian regulariser (training calls only, those with
       a `key`); `spectral_steps`: power steps of the spectral-radius diagnostic (0: off).

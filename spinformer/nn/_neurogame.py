@@ -40,7 +40,7 @@ the NeuroGame page of the documentation (`docs/families/neurogame.md`) and
 
 **Adjoint (default: implicit).** Gradients flow by implicit differentiation at the fixed
 point, the adjoint system solved by Anderson on the Richardson map (`solvers.Implicit`'s
-default linear solver) with the forward's tolerance (`Implicit(tol=1e-4)`); `Unrolled()`
+default linear solver) with the forward's tolerance (`Implicit(rtol=1e-4)`); `Unrolled()`
 backpropagates through the Picard iterations as the paper's code does. A game whose forward
 mean field did not converge has no fixed point to differentiate: it passes no gradient
 through ⟨s⟩ (its α is used as computed in the forward pass, and it is counted in
@@ -218,7 +218,7 @@ class NeuroGameConfig:
         "max_steps=25; solver.damping keeps that fraction of the old iterate: the paper's "
         "'damping factor 0.7' weights the new iterate, so its code's update is damping=0.3)", kind="solver")
     adjoint: solvers.AbstractAdjoint = option(
-        solvers.Implicit(tol=1e-4),
+        solvers.Implicit(rtol=1e-4),
         "gradients through the mean field: implicit (an Anderson backward solve) or "
         "unrolled (backpropagation through the iterations, as the paper's code)", kind="adjoint")
     normalize: Normalize = option("players", "output normalisation: players (divide by the number "
@@ -291,7 +291,7 @@ class NeuroGameAttention(eqx.Module):
     - `solver`, `adjoint`: the mean-field solver (carrying its `tol`, `max_steps` and
       `damping`, the fraction of the old iterate kept: `Picard(damping=0.3)` is the
       authors' code's update s ← 0.7·tanh(·) + 0.3·s) and how gradients flow
-      (`solvers.Implicit(tol=1e-4)` by default; `solvers.Unrolled()`
+      (`solvers.Implicit(rtol=1e-4)` by default; `solvers.Unrolled()`
       reproduces the paper's backpropagation through the iterations). With an implicit
       adjoint a game whose mean field did not converge passes no gradient through ⟨s⟩.
     - `normalize`: how a game's output Σ_i α_i V_i is divided: `"players"` (by the number

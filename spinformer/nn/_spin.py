@@ -191,7 +191,7 @@ class SpinConfig:
         solvers.Anderson(tol=1e-3, max_steps=30),
         "the solver of the steady state and of the TAP step", kind="solver")
     adjoint: solvers.AbstractAdjoint = option(
-        solvers.Implicit(linear_solver=solvers.GMRES(restart=5), tol=1e-3),
+        solvers.Implicit(linear_solver=solvers.GMRES(restart=5), rtol=1e-3),
         "how gradients flow through the steady state", kind="adjoint")
     output_proj: bool = option(True, "mix the heads' magnetizations with a learned linear map")
     field_ffn: int = option(0, "hidden width of an FFN added to the external fields "
@@ -252,7 +252,7 @@ class SpinAttention(eqx.Module):
       `diagnostics.state`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
       tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
-      `Implicit(GMRES(restart=5), tol=1e-3)`), and `throw=False` (the default) reports
+      `Implicit(GMRES(restart=5), rtol=1e-3)`), and `throw=False` (the default) reports
       non-convergence in the diagnostics instead of raising.
     - `output_proj`: mix the heads' magnetizations with a learned `D × D` map (default on).
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).

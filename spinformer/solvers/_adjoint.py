@@ -73,14 +73,16 @@ class Implicit(AbstractAdjoint):
       Richardson map w ← w + (b − Aᵀw) — `Anderson(history=5, safeguard=False)` (the default:
       a Krylov-like method with little overhead) or `Picard()` (the Neumann series, which
       needs a contractive map) — or a Krylov solver, `GMRES(restart=...)` or `BiCGStab()`.
-      A fixed-point solver's own `tol`, `max_steps` and `norm` are replaced by these.
+      A fixed-point solver's own `tol`, `max_steps` and `norm` are replaced by `rtol`·‖b‖₂,
+      `max_steps` and the 2-norm.
       `Dense()` forms the matrix and solves directly (small or ill-conditioned systems;
       with `Dense(matrix=...)` from a closed form); `Auto()` picks `Dense` up to 512
       unknowns, else GMRES(50). lineax's solvers work too (`lineax.LU()`,
       `lineax.GMRES(rtol, atol)`, ...: their own tolerances apply, the residual is checked
-      against `tol` like every other, and they report no product counts); ours count
+      against `rtol` like every other, and they report no product counts); ours count
       products, and `Dense(matrix=...)` takes a closed-form matrix.
-    - `tol`: relative tolerance ‖Aw − b‖₂ ≤ tol·‖b‖₂ of the adjoint solve.
+    - `rtol`: relative tolerance ‖Aw − b‖₂ ≤ rtol·‖b‖₂ of the adjoint solve (a forward
+      solver's `tol` is absolute, in its own norm: the two are named apart).
     - `max_steps`: most matrix–vector products the adjoint solve may use.
     - `fallback`: the solver tried when `linear_solver` misses its tolerance (default
       `Auto()`: a dense solve up to 512 unknowns, else GMRES(50) for at least 10 cycles;
@@ -109,7 +111,7 @@ class Implicit(AbstractAdjoint):
     linear_solver: Union[AbstractLinearSolver, AbstractFixedPointSolver] = Anderson(
         history=5, safeguard=False
     )
-    tol: float = 1e-5
+    rtol: float = 1e-5
     max_steps: int = eqx.field(default=200, static=True)
     probe: Optional[Float[Array, "4"]] = None
     fallback: Union[AbstractLinearSolver, AbstractFixedPointSolver, None] = Auto()
@@ -127,8 +129,8 @@ class Implicit(AbstractAdjoint):
                                               or is_lineax_solver(self.fallback)):
             raise ValueError(f"Implicit(fallback={self.fallback!r}) must be a linear solver "
                              "(solvers.Auto(), solvers.Dense(), solvers.GMRES()) or None.")
-        if not self.tol > 0:
-            raise ValueError(f"Implicit(tol={self.tol}) must be > 0.")
+        if not self.rtol > 0:
+            raise ValueError(f"Implicit(rtol={self.rtol}) must be > 0.")
         if not (isinstance(self.max_steps, int) and self.max_steps >= 1):
             raise ValueError(f"Implicit(max_steps={self.max_steps!r}) must be an int >= 1.")
 
@@ -143,12 +145,12 @@ class Implicit(AbstractAdjoint):
         (or vᵀ ∂F/∂x) must be a pytree (`jax.tree_util.Partial`), so that the fallback's
         batching rule can pick one example's linearisation out of a batch."""
         matvec = _transpose_matvec(isinstance(prob, _FixedPointProblem), vjp_x)
-        first = linear_solve(self.linear_solver, matvec, b, tol=self.tol,
+        first = linear_solve(self.linear_solver, matvec, b, rtol=self.rtol,
                              max_steps=self.max_steps, point=point)
         if self.fallback is None:
             return (*first, jnp.zeros((), bool))
 
-        return _fallback_solve(self.fallback, self.tol, self.max_steps,
+        return _fallback_solve(self.fallback, self.rtol, self.max_steps,
                                isinstance(prob, _FixedPointProblem), vjp_x, b, point, first)
 
 
@@ -157,7 +159,7 @@ def _transpose_matvec(fixed_point, vjp_x):
     return (lambda w: w - vjp_x(w)) if fixed_point else vjp_x
 
 
-def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first):
+def _fallback_solve(solver, rtol, max_steps, fixed_point, vjp_x, b, point, first):
     """The first solve `first = (w, ok, products, rel)` with `solver` tried where it failed:
     `(w, ok, products, rel, fallback ran)`, keeping the better of the two answers.
 
@@ -175,7 +177,7 @@ def _fallback_solve(solver, tol, max_steps, fixed_point, vjp_x, b, point, first)
         w, ok, steps, rel = first
         vjp_x, point = eqx.combine(dyn, static)
         matvec = _transpose_matvec(fixed_point, vjp_x)
-        w2, ok2, steps2, rel2 = linear_solve(solver, matvec, b, tol=tol, max_steps=max_steps,
+        w2, ok2, steps2, rel2 = linear_solve(solver, matvec, b, rtol=rtol, max_steps=max_steps,
                                              point=point)
         better = ok2 | (rel2 < rel)
         return (jnp.where(better, w2, w), ok | ok2, steps + steps2,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from typing import Any, Callable, Union
 
@@ -69,9 +71,67 @@ def check_solver(solver, adjoint, *, root: bool = False, where: str = "") -> Non
         )
 
 
-def _check_inputs(name, fn, x0, args, solver, adjoint, root):
+# where the guide compares the call with optimistix's, jaxopt's and banax's
+_COMING_FROM = ("docs/guides/solvers.md, \"Coming from optimistix, jaxopt or banax\"")
+
+# keywords of other libraries' calls, and where spinformer keeps what they say
+_KEYWORD_HINTS = {
+    "max_steps": "the step budget is a field of the solver: solver=Anderson(max_steps=...) "
+                 "(a run-time cap without recompiling: step_budget=)",
+    "maxiter": "the step budget is a field of the solver: solver=Anderson(max_steps=...)",
+    "tol": "the tolerance is a field of the solver: solver=Anderson(tol=...), an absolute "
+           "bound on the residual in the solver's norm",
+    "rtol": "a forward solver stops on one absolute tolerance, ||fn(x) - x|| <= tol in its "
+            "norm: solver=Anderson(tol=..., norm=solvers.l2_norm) (rtol is the implicit "
+            "adjoint's, for the backward solve: adjoint=Implicit(rtol=...))",
+    "y0": "the initial guess is the second argument, x0: fixed_point(fn, x0, args, "
+          "solver=...)",
+    "init_params": "the initial guess is the second argument, x0: fixed_point(fn, x0, args, "
+                   "solver=...)",
+    "implicit_diff": "how gradients flow is an object: adjoint=solvers.Implicit() (the "
+                     "default) or adjoint=solvers.Unrolled()",
+    "options": "settings are fields of the solver and adjoint objects; there is no options "
+               "dict",
+}
+_KEYWORD_HINTS["atol"] = _KEYWORD_HINTS["rtol"]
+
+
+def _explain_bad_calls(f):
+    """`f` unchanged, except that a call its signature cannot take (too many positional
+    arguments, an unknown keyword) raises a `TypeError` that says where spinformer keeps what
+    the caller meant, for the spellings of optimistix, jaxopt and banax. Free on a good
+    call: the signature is bound only after a `TypeError`."""
+    sig = inspect.signature(f)
+
+    @functools.wraps(f)
+    def call(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except TypeError as e:
+            try:
+                sig.bind(*args, **kwargs)
+            except TypeError:
+                hints = list(dict.fromkeys(_KEYWORD_HINTS[k] for k in kwargs
+                                           if k in _KEYWORD_HINTS))
+                if len(args) > 3 or (len(args) > 1 and isinstance(args[1], AbstractSolver)):
+                    hints.insert(0, f"the call is {f.__name__}(fn, x0, args, solver=..., "
+                                 "adjoint=...): the solver is a keyword, after the initial "
+                                 "guess x0")
+                hints.append(f"see {_COMING_FROM}")
+                raise TypeError(f"{e}: " + "; ".join(hints) + ".") from None
+            raise
+
+    return call
+
+
+def _check_inputs(name, fn, x0, args, solver, adjoint, root, has_aux=False):
     if not callable(fn):
         raise ValueError(f"{name}: `fn` must be callable as fn(x, args); got {type(fn).__name__}.")
+    if isinstance(x0, (AbstractSolver, AbstractAdjoint)):
+        raise ValueError(
+            f"{name}: x0 is {type(x0).__name__}(...), a solver object; the initial guess "
+            f"comes second and the solver is a keyword: {name}(fn, x0, args, solver=...) "
+            f"(see {_COMING_FROM}).")
     check_solver(solver, adjoint, root=root, where=name)
     leaves = jax.tree.leaves(x0)
     if not leaves:
@@ -87,12 +147,20 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, root):
         out = eqx.filter_eval_shape(fn, x0, args)
     except Exception as e:  # shape errors inside fn: say where they came from
         raise ValueError(f"{name}: calling fn(x0, args) failed: {e}") from e
+    if has_aux:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError(f"{name}: with has_aux=True, fn(x, args) must return a pair "
+                             f"(new x, aux); it returned {jax.tree.structure(out)}.")
+        out = out[0]
     in_struct = jax.tree.structure(x0)
     out_struct = jax.tree.structure(out)
     if in_struct != out_struct:
+        pair = (not has_aux and isinstance(out, tuple) and len(out) == 2
+                and jax.tree.structure(out[0]) == in_struct)
         raise ValueError(
             f"{name}: fn(x, args) must return a pytree with the structure of x0.\n"
             f"  x0:     {in_struct}\n  fn out: {out_struct}"
+            + ("\n  It returns a pair (x, aux): pass has_aux=True." if pair else "")
         )
     for i, (a, b) in enumerate(zip(leaves, jax.tree.leaves(out))):
         a_shape, a_dt = jnp.shape(a), jnp.result_type(a)
@@ -279,6 +347,7 @@ def _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbo
     return Solution(unravel(value), k, rn, last, result, history)
 
 
+@_explain_bad_calls
 def fixed_point(
     fn: Callable[[PyTree, Any], PyTree],
     x0: PyTree,
@@ -290,6 +359,7 @@ def fixed_point(
     verbose: bool = False,
     step_budget: Any = None,
     trace: bool = False,
+    has_aux: bool = False,
 ) -> Solution:
     """Solve x = fn(x, args) for one problem (vmap for a batch).
 
@@ -320,20 +390,22 @@ def fixed_point(
     - `trace`: also return the residual after every iteration, `Solution.trace`
       `(max_steps + 1,)` (index k: after k steps; NaN after the last), per example under
       `vmap`. Off by default, and then free.
+    - `has_aux`: `fn` returns a pair `(new x, aux)`; the solve iterates the first, and
+      `Solution.aux` is the second evaluated once more at the solution (one extra call of
+      `fn`; gradients flow through it to `args` and, by the adjoint, through `value`).
 
-    **Returns:** a `Solution(value, num_steps, residual, final_residual, result, trace)`.
+    **Returns:** a `Solution(value, num_steps, residual, final_residual, result, trace,
+    aux)`.
 
     Under `vmap` each example iterates until it converges and then stops changing; its
     statistics are its own. The call is compiled once per `fn`, solver, adjoint and input
     shapes (`eqx.filter_jit`), so eager calls with the same function do not recompile.
     """
-    x0 = _as_array_leaves(x0)
-    _check_inputs("fixed_point", fn, x0, args, solver, adjoint, False)
-    return _solve("fixed_point", _FixedPointProblem, fn, x0, _as_array_scalars(args), solver,
-                  adjoint, throw, verbose, _check_budget("fixed_point", step_budget),
-                  bool(trace))
+    return _solve_with_aux("fixed_point", _FixedPointProblem, fn, x0, args, solver, adjoint,
+                           throw, verbose, step_budget, trace, has_aux)
 
 
+@_explain_bad_calls
 def root_find(
     fn: Callable[[PyTree, Any], PyTree],
     x0: PyTree,
@@ -345,6 +417,7 @@ def root_find(
     verbose: bool = False,
     step_budget: Any = None,
     trace: bool = False,
+    has_aux: bool = False,
 ) -> Solution:
     """Solve F(x, args) = 0 for one problem (vmap for a batch).
 
@@ -355,7 +428,32 @@ def root_find(
     iteration of `Implicit()`'s own default diverges; `Unrolled()` backpropagates through the
     iterations.
     """
+    return _solve_with_aux("root_find", _RootProblem, fn, x0, args, solver, adjoint, throw,
+                           verbose, step_budget, trace, has_aux)
+
+
+class _NewX(eqx.Module):
+    """The iterated part of a map that returns `(new x, aux)` (a module, not a lambda: equal
+    for the same `fn`, so that the compiled solve is reused)."""
+
+    fn: Callable
+
+    def __call__(self, x, args):
+        return self.fn(x, args)[0]
+
+
+def _solve_with_aux(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose,
+                    step_budget, trace, has_aux):
+    """Check the inputs, solve, and with `has_aux` evaluate the auxiliary output at the
+    solution (outside the compiled solve: its loop iterates the new x alone)."""
     x0 = _as_array_leaves(x0)
-    _check_inputs("root_find", fn, x0, args, solver, adjoint, True)
-    return _solve("root_find", _RootProblem, fn, x0, _as_array_scalars(args), solver, adjoint,
-                  throw, verbose, _check_budget("root_find", step_budget), bool(trace))
+    _check_inputs(name, fn, x0, args, solver, adjoint, name == "root_find", has_aux)
+    args = _as_array_scalars(args)
+    step = _NewX(fn) if has_aux else fn
+    sol = _solve(name, problem_cls, step, x0, args, solver, adjoint, throw, verbose,
+                 _check_budget(name, step_budget), bool(trace))
+    if not has_aux:
+        return sol
+    with matmul_precision(solver.precision):
+        aux = fn(sol.value, args)[1]
+    return eqx.tree_at(lambda s: s.aux, sol, aux, is_leaf=lambda v: v is None)

@@ -3,8 +3,8 @@ and any fixed-point solver run on the Richardson map; `Dense` (the matrix formed
 Cholesky); `Auto` (`Dense` for small systems, `GMRES` with a long Krylov basis for large).
 
 They solve A w = b given only `matvec(w) = A w`, to the relative tolerance
-‖A w − b‖₂ ≤ tol·‖b‖₂ within `max_steps` matrix–vector products; the tolerance and budget
-come from the adjoint (`Implicit(tol=..., max_steps=...)`), the method from these objects.
+‖A w − b‖₂ ≤ rtol·‖b‖₂ within `max_steps` matrix–vector products; the tolerance and budget
+come from the adjoint (`Implicit(rtol=..., max_steps=...)`), the method from these objects.
 """
 
 from __future__ import annotations
@@ -31,20 +31,20 @@ from ._solvers import (
 
 
 class AbstractLinearSolver(eqx.Module):
-    """A matrix-free solver of A w = b (`solve(matvec, b, tol=, max_steps=) -> (w, products)`)."""
+    """A matrix-free solver of A w = b (`solve(matvec, b, rtol=, max_steps=) -> (w, products)`)."""
 
     @abc.abstractmethod
-    def solve(self, matvec: Callable[[Array], Array], b: Array, *, tol, max_steps: int
+    def solve(self, matvec: Callable[[Array], Array], b: Array, *, rtol, max_steps: int
               ) -> tuple[Array, Array]:
         """An approximate solution w of A w = b, started at w = b, and the number of
         matrix–vector products it took (−1 if the method does not report it)."""
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+    def solve_with_residual(self, matvec, b, *, rtol, max_steps, point=None):
         """`(w, products, ‖b − A w‖₂)`: `solve` and the true residual of its answer (one
         product more, unless a solver already has it). `point`: the forward solution and its
         arguments, for solvers that use them (`Dense(matrix=...)`)."""
         del point
-        w, products = self.solve(matvec, b, tol=tol, max_steps=max_steps)
+        w, products = self.solve(matvec, b, rtol=rtol, max_steps=max_steps)
         return w, products, l2_norm(b - matvec(w))
 
 
@@ -75,15 +75,15 @@ class GMRES(AbstractLinearSolver):
         if not (isinstance(self.restart, int) and self.restart >= 1):
             raise ValueError(f"GMRES(restart={self.restart!r}) must be an int >= 1.")
 
-    def solve(self, matvec, b, *, tol, max_steps):
-        w, products, _ = self.solve_with_residual(matvec, b, tol=tol, max_steps=max_steps)
+    def solve(self, matvec, b, *, rtol, max_steps):
+        w, products, _ = self.solve_with_residual(matvec, b, rtol=rtol, max_steps=max_steps)
         return w, products
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+    def solve_with_residual(self, matvec, b, *, rtol, max_steps, point=None):
         del point
         restart = max(1, min(self.restart, b.size))
         cycles = max(1, math.ceil(max_steps / restart))
-        target = tol * l2_norm(b)
+        target = rtol * l2_norm(b)
 
         def cond(c):
             _, _, rnorm, k = c
@@ -141,8 +141,8 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int):
 class BiCGStab(AbstractLinearSolver):
     """BiCGSTAB (`jax.scipy.sparse.linalg.bicgstab`); two products per iteration."""
 
-    def solve(self, matvec, b, *, tol, max_steps):
-        w, _ = jax.scipy.sparse.linalg.bicgstab(matvec, b, x0=b, tol=tol, maxiter=max_steps)
+    def solve(self, matvec, b, *, rtol, max_steps):
+        w, _ = jax.scipy.sparse.linalg.bicgstab(matvec, b, x0=b, tol=rtol, maxiter=max_steps)
         return w, -1  # jax's BiCGSTAB does not report its iterations
 
 
@@ -170,8 +170,8 @@ class Dense(AbstractLinearSolver):
     matrix: Optional[Callable] = eqx.field(default=None, static=True)
     positive_definite: bool = eqx.field(default=False, static=True)
 
-    def solve(self, matvec, b, *, tol, max_steps, point=None):
-        del tol, max_steps
+    def solve(self, matvec, b, *, rtol, max_steps, point=None):
+        del rtol, max_steps
         shape, n = b.shape, b.size
         if self.matrix is not None:
             if point is None:
@@ -190,8 +190,8 @@ class Dense(AbstractLinearSolver):
             w = jnp.linalg.solve(A.T, rhs)
         return w.reshape(shape), products
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
-        w, products = self.solve(matvec, b, tol=tol, max_steps=max_steps, point=point)
+    def solve_with_residual(self, matvec, b, *, rtol, max_steps, point=None):
+        w, products = self.solve(matvec, b, rtol=rtol, max_steps=max_steps, point=point)
         return w, products + 1, l2_norm(b - matvec(w))  # the residual costs a product
 
 
@@ -232,16 +232,16 @@ class Auto(AbstractLinearSolver):
         return max_steps if n <= self.dense_max else max(max_steps,
                                                          self.cycles * min(self.restart, n))
 
-    def solve(self, matvec, b, *, tol, max_steps, point=None):
-        return self.choose(b.size).solve(matvec, b, tol=tol,
+    def solve(self, matvec, b, *, rtol, max_steps, point=None):
+        return self.choose(b.size).solve(matvec, b, rtol=rtol,
                                          max_steps=self._budget(b.size, max_steps))
 
-    def solve_with_residual(self, matvec, b, *, tol, max_steps, point=None):
+    def solve_with_residual(self, matvec, b, *, rtol, max_steps, point=None):
         return self.choose(b.size).solve_with_residual(
-            matvec, b, tol=tol, max_steps=self._budget(b.size, max_steps), point=point)
+            matvec, b, rtol=rtol, max_steps=self._budget(b.size, max_steps), point=point)
 
 
-def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_steps):
+def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, rtol, max_steps):
     """`(w, iterations)`: solve A w = b with a fixed-point solver on the Richardson map
     w ↦ w + (b − A w), whose fixed-point residual is the linear residual b − A w.
 
@@ -249,7 +249,7 @@ def richardson_solve(solver: AbstractFixedPointSolver, matvec, b, *, tol, max_st
     restarted-GMRES-like Krylov method with a short, cheap history. The solver's own `tol`,
     `max_steps` and `norm` are replaced by the adjoint's (‖·‖₂, relative to ‖b‖₂).
     """
-    solver = dataclasses.replace(solver, tol=tol * l2_norm(b), max_steps=max_steps,
+    solver = dataclasses.replace(solver, tol=rtol * l2_norm(b), max_steps=max_steps,
                                  norm=l2_norm)
     prob = _FixedPointProblem(lambda w, _: w + (b - matvec(w)))
     best = _BestSoFar(solver)
@@ -284,23 +284,23 @@ def _lineax_solve(solver, matvec, b):
     return w, -1, l2_norm(b - matvec(w))
 
 
-def linear_solve(linear_solver, matvec, b, *, tol, max_steps, point=None):
+def linear_solve(linear_solver, matvec, b, *, rtol, max_steps, point=None):
     """Dispatch to a linear solver or a fixed-point solver (`point = (x, args)`, the
     forward solution and its arguments, for a `Dense` solver with a closed-form matrix).
 
     **Returns:** `(w, ok, steps, rel)`: the solution; whether the true residual satisfies
-    ‖A w − b‖₂ ≤ 10·tol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
+    ‖A w − b‖₂ ≤ 10·rtol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
     solver does not report them: `BiCGStab`); and ‖A w − b‖₂/‖b‖₂."""
     if isinstance(linear_solver, AbstractFixedPointSolver):
-        w, steps = richardson_solve(linear_solver, matvec, b, tol=tol, max_steps=max_steps)
+        w, steps = richardson_solve(linear_solver, matvec, b, rtol=rtol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
         resid = l2_norm(matvec(w) - b)
     elif is_lineax_solver(linear_solver):  # its own tolerances (set on the solver object)
         w, steps, resid = _lineax_solve(linear_solver, matvec, b)
     else:  # (GMRES's last cycle already ends with the true residual)
-        w, steps, resid = linear_solver.solve_with_residual(matvec, b, tol=tol,
+        w, steps, resid = linear_solver.solve_with_residual(matvec, b, rtol=rtol,
                                                             max_steps=max_steps, point=point)
     bnorm = l2_norm(b)
-    ok = resid <= 10.0 * tol * bnorm + jnp.finfo(b.dtype).tiny
+    ok = resid <= 10.0 * rtol * bnorm + jnp.finfo(b.dtype).tiny
     rel = resid / jnp.where(bnorm > 0, bnorm, 1.0)
     return w, ok & jnp.all(jnp.isfinite(w)), jnp.asarray(steps, jnp.int32), rel

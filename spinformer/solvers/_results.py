@@ -84,6 +84,8 @@ class Solution(eqx.Module):
     - `result`: a `RESULTS` code (int32 scalar).
     - `trace`: with `trace=True`, the residual norm after every iteration `(max_steps + 1,)`
       (index 0: the initial guess; NaN after the last iteration); else None.
+    - `aux`: with `has_aux=True`, the auxiliary output of `fn` at `value` (gradients flow
+      through it); else None.
 
     Under `vmap` every field gains the batch dimension: each example has its own steps,
     residuals and result.
@@ -95,6 +97,7 @@ class Solution(eqx.Module):
     final_residual: Float[Array, ""]
     result: Int[Array, ""]
     trace: Optional[Float[Array, " T"]] = None
+    aux: Optional[PyTree] = None
 
 
 # ----------------------------------------------------------------------------- checks

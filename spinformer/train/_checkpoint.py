@@ -157,11 +157,22 @@ def _read_v1(payload: bytes, like: RunState, step: int) -> RunState:
 
 def load_latest(directory, like: RunState) -> Optional[tuple[RunState, dict]]:
     """`(state, meta)` of the newest readable checkpoint in `directory`, read into the
-    structure of `like` (see `read_checkpoint`; damaged ones are reported with a warning and
-    skipped), or None if there is none."""
+    structure of `like` (see `read_checkpoint`; newer damaged ones are reported with a
+    warning and skipped), or None if there is none. Raises `CorruptCheckpoint` when there
+    are checkpoints but none can be read into `like` (damaged, or of another model or
+    optimizer), naming the newest one's fault."""
+    faults = []
     for step, path in reversed(list_checkpoints(directory)):
         try:
-            return read_checkpoint(path, like)
+            got = read_checkpoint(path, like)
         except (CorruptCheckpoint, OSError) as e:
-            warnings.warn(f"skipping checkpoint: {e}; trying the previous one.", stacklevel=2)
+            faults.append(e)
+            continue
+        for e in faults:
+            warnings.warn(f"skipping checkpoint: {e}; using an older one.", stacklevel=2)
+        return got
+    if faults:
+        raise CorruptCheckpoint(
+            f"{directory}: no checkpoint there can be read into this model and optimizer "
+            f"({len(faults)} tried); the newest: {faults[0]}")
     return None

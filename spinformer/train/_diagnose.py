@@ -83,8 +83,9 @@ def diagnostics_table(summary: dict) -> str:
     def num(v, p=3):
         return "-" if v is None else f"{v:.{p}g}"
 
-    head = ("| layer | spectral radius (mean / max) | contracting | fixed points (mean / max) "
-            "| converged starts | solver steps | failures | entropy production (mean / max) |")
+    head = ("| layer | spectral radius (mean / max) | contracting (fraction ρ < 1) "
+            "| fixed points per head (mean / max) | converged starts (fraction) "
+            "| solver steps (mean per solve) | failed solves | entropy production (mean / max) |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in summary["layers"]:
         fails = (f"{r['solver_failures']}/{r['solves']}" if "solves" in r else "-")
@@ -196,8 +197,11 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     key = jax.random.key(seed)
     analyses, examples = [], 0
     for b in range(batches):
+        first = "" if b else " (compiling the analysis first" + (
+            f"; --starts 0 skips the {starts} random starts, and is quicker)" if starts
+            else ")")
         say(f"batch {b + 1}/{batches}: every example's fixed points from 1 + {starts} starts"
-            + (" (compiling the analysis first)" if b == 0 else ""))
+            + first)
         tokens = jnp.asarray(dataset.batch(b, "val")["inputs"])
         examples += int(tokens.shape[0])
         keys = jax.random.split(jax.random.fold_in(key, b), tokens.shape[0])
