@@ -346,7 +346,7 @@ def _cmd_generate(args) -> int:
             f"({'incremental' if not args.no_cache else 're-solving the context'})")
     if info["solver_failures"]:
         note += (f"; warning: {info['solver_failures']} fixed-point solves did not converge "
-                 "(their outputs are the solver's last iterate)")
+                 "(their outputs are the solver's best iterate, which missed the tolerance)")
     print(note, file=sys.stderr)
     return 0
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import spinformer._schema
 from spinformer import cli
@@ -105,6 +106,28 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     assert "experiments/zoo.py all --config" in listing
     assert "experiments/attractor.py all --config" in listing
     assert "spin_lm.py all --config" not in listing and "spin_lm.py --help" in listing
+    # one short line each: the first sentence of the description, which fits unclipped
+    width = max(len(p.stem) for p in (ROOT / "configs").rglob("*.yaml"))
+    for p in (ROOT / "configs").rglob("*.yaml"):
+        line = cli.summary_line(yaml.safe_load(p.read_text())["description"])
+        assert len(line) <= cli._SUMMARY_WIDTH and not line.endswith("…"), (p, line)
+    rows = [x for x in listing.splitlines() if x.strip() and not x.startswith(("experiment", "`"))]
+    assert max(len(x) for x in rows) <= 2 + width + 2 + cli._SUMMARY_WIDTH
+    assert "spinformer show NAME" in listing
+    # `show`: the whole description, and every key the config sets with its meaning
+    assert cli.main(["show", str(ROOT / "configs" / "quickstart.yaml"), "--set",
+                     "model.spin.solver.tol=1e-4"]) == 0
+    shown = capsys.readouterr().out
+    cfg = C.load_config(ROOT / "configs" / "quickstart.yaml", ["model.spin.solver.tol=1e-4"])
+    flat = {}
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            walk(v, f"{prefix}{k}.") if isinstance(v, dict) else flat.setdefault(prefix + k, v)
+    walk(C.to_dict(cfg))
+    lines = {x.split(" = ")[0]: x for x in shown.splitlines() if " = " in x}
+    assert set(lines) == set(flat) - {"description"}
+    assert lines["model.spin.solver.tol"].startswith("model.spin.solver.tol = 0.0001  # ")
+    assert "the README's main job" in shown.replace("\n# ", " ")
     # a mistyped key names the key and the nearest valid one, exit status 2
     code = cli.main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--set", "train.stpes=3",
                      "--out", str(tmp_path / "x")])
@@ -133,6 +156,16 @@ def test_python_dash_m():
     out = subprocess.run([sys.executable, "-m", "spinformer", "list", "--dir",
                           str(ROOT / "configs")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "quickstart" in out.stdout
+
+
+def test_list_does_not_import_jax():
+    """`spinformer list` reads YAML files: it answers without loading JAX (seconds)."""
+    code = ("import sys; from spinformer import cli; assert cli.main(['list']) == 0; "
+            "print('jax loaded' if 'jax' in sys.modules else 'no jax')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "no jax"
 
 
 def test_ctrl_c_before_training_is_one_line(monkeypatch, capsys):
@@ -199,6 +232,28 @@ def test_readme_resume_path_and_continuing_a_finished_run(tmp_path, capsys):
     assert steps == [1, 2, 3, 4]  # continued from step 2, not restarted
     assert cli.main(base + ["--resume", "--set", "train.steps=3"]) == 2  # not fewer
     assert "not fewer" in capsys.readouterr().err
+    # a resume that cannot go on is one error line, before any note or progress line
+    assert cli.main(base + ["--resume", "--set", "model.depth=2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("spinformer: error: --resume"), err
+    # a saved config that no longer fits its checkpoints: refused, nothing changed
+    saved = (out / "config.yaml").read_text()
+    held = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    (out / "config.yaml").write_text(saved.replace("dim: 8", "dim: 16"))
+    assert cli.main(base + ["--resume", "--set", "train.steps=6"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint there can be read into this model" in err and "Traceback" not in err
+    (out / "config.yaml").write_text(saved)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == held
+    # a run directory without a checkpoint yet: says it starts from step 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text(saved)
+    run_fresh = ["run", str(ROOT / "configs" / "brackets_hopfield.yaml"), "--out", str(fresh),
+                 "--no-progress", "--resume"]
+    assert cli.main(run_fresh) == 0
+    assert "holds no checkpoint yet" in capsys.readouterr().err
+    assert json.loads((fresh / "summary.json").read_text())["steps"] == 4
 
 
 def test_report_watches_an_unfinished_run(tmp_path, capsys, monkeypatch):

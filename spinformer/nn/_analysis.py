@@ -52,7 +52,7 @@ class FixedPointAnalysis(eqx.Module):
     **Fields:**
 
     - `spectral_radius`: `()`, ρ of the steady-state map's Jacobian ∂F/∂m at the solution
-      from the default start (< 1: locally contracting). At the last iterate if that solve
+      from the default start (< 1: locally contracting). At that solve's best iterate if it
       did not converge.
     - `num_fixed_points`: `()` int32, the number of distinct fixed points among the converged
       solves (0 if none converged).
