@@ -83,18 +83,6 @@ def encode_prompt(prompt: str, chars) -> list[int]:
     return [stoi[c] for c in prompt]
 
 
-def generate_text(run_dir, prompt: str, *, length: int = 200, temperature: float = 0.8,
-                  seed: int = 0, incremental: bool = True, progress: bool = False,
-                  loaded: Optional[tuple] = None, decode_steps: Optional[int] = None
-                  ) -> tuple[str, dict]:
-    """Generate `length` characters after `prompt` with the model of a run directory: one
-    sample, `generate_texts` with `samples=None`."""
-    texts, info = generate_texts(run_dir, prompt, length=length, temperature=temperature,
-                                 seed=seed, incremental=incremental, progress=progress,
-                                 loaded=loaded, decode_steps=decode_steps)
-    return texts[0], info
-
-
 def generate_texts(run_dir, prompt: str, *, samples: Optional[int] = None, length: int = 200,
                    temperature: float = 0.8, seed: int = 0, incremental: bool = True,
                    progress: bool = False, loaded: Optional[tuple] = None,

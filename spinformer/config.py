@@ -509,7 +509,7 @@ def _keys(cls, kind: Optional[str] = None) -> dict[str, Key]:
 
 def _unwrap_optional(tp):
     origin = typing.get_origin(tp)
-    if origin in (Union, getattr(types, "UnionType", Union)):
+    if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1 and len(typing.get_args(tp)) == 2:
             return args[0], True

@@ -185,50 +185,16 @@ def _write_v1_checkpoint(directory, step, payload_tree, meta):
     return path
 
 
-def test_version_1_checkpoints_are_read_into_a_run_state(tmp_path):
+def test_version_1_checkpoints_are_refused_saying_so(tmp_path):
+    """The first format (a `(model, opt_state)` payload, the step in the header), written for
+    a few days before the run state held the step, is no longer read: a clear refusal."""
     model = nn.SoftmaxAttention(8, 2, key=jax.random.key(0))
-    opt = train.make_optimizer(steps=10, lr=1e-3)
-    like = train.RunState.init(model, opt)
-    bumped = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)
-    opt_state = jax.tree.map(lambda x: x + 2 if eqx.is_inexact_array(x) else x, like.opt_state)
-    # (model, opt_state): a run without a carried state
-    path = _write_v1_checkpoint(tmp_path / "plain", 5, (bumped, opt_state),
-                                {"data_position": 5})
-    assert path.read_bytes().startswith(b"SPINFORMER-CKPT 1\n")
-    state, meta = train.read_checkpoint(path, like)
-    assert isinstance(state, train.RunState) and state.stream is None
-    assert int(state.step) == 5 and state.step.dtype == jnp.int32 and meta["data_position"] == 5
-    for x, y in zip(_leaves(state), _leaves(train.RunState(bumped, opt_state, step=5))):
-        np.testing.assert_array_equal(x, y)
-    state, _ = train.load_latest(tmp_path / "plain", like)
-    assert int(state.step) == 5
-    # (model, (opt_state, carried)): a streaming run
-    carried = jnp.arange(12.0).reshape(4, 3)
-    path = _write_v1_checkpoint(tmp_path / "stream", 7, (bumped, (opt_state, carried)),
-                                {"data_position": 7})
-    streaming = train.RunState.init(model, opt, stream=jnp.zeros((4, 3)))
-    state, meta = train.read_checkpoint(path, streaming)
-    assert int(state.step) == 7 and meta["data_position"] == 7
-    np.testing.assert_array_equal(state.stream, carried)
-    for x, y in zip(_leaves(state),
-                    _leaves(train.RunState(bumped, opt_state, carried, step=7))):
-        np.testing.assert_array_equal(x, y)
-    # ... which a reader without a stream state reads as (model, opt_state), as version 1 did
-    state, _ = train.read_checkpoint(path, like)
-    assert state.stream is None
-    np.testing.assert_array_equal(state.model.to_q.weight, bumped.to_q.weight)
-    # a version 1 file that does not fit is reported like any other
-    with pytest.raises(train.CorruptCheckpoint, match="does not fit"):
-        train.read_checkpoint(_write_v1_checkpoint(tmp_path / "bad", 6, (bumped,), {}),
-                              streaming)
-    # and a resave is version 2, step and stream state inside the payload
-    again = train.save_checkpoint(tmp_path / "v2", train.RunState(bumped, opt_state, carried,
-                                                                  step=7), {})
-    assert again.read_bytes().startswith(b"SPINFORMER-CKPT 2\n")
-    state, _ = train.read_checkpoint(again, streaming)
-    assert int(state.step) == 7
-    np.testing.assert_array_equal(state.stream, carried)
-
+    like = train.RunState.init(model, train.make_optimizer(steps=10, lr=1e-3))
+    path = _write_v1_checkpoint(tmp_path / "old", 5, (model, like.opt_state), {})
+    with pytest.raises(train.CorruptCheckpoint, match="a version 1 checkpoint"):
+        train.read_checkpoint(path, like)
+    with pytest.raises(train.CorruptCheckpoint, match="no checkpoint there can be read"):
+        train.load_latest(tmp_path / "old", like)
 
 def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
     cfg = _tiny_cfg(**{"train.checkpoint_every": "4", "model.dropout": "0.1"})

@@ -25,6 +25,24 @@ batches. The families:
 - `energy_transformer`: the Energy Transformer's energy-based layer norm, attention and
   Hopfield energies, their closed-form gradients and the token descent.
 
+Which attention family (a module of `spinformer.nn`, a `model.attention` word) computes
+with which of them:
+
+| family (`model.attention`) | module | physics |
+|---|---|---|
+| `spin` | `nn/_spin.py` (`SpinAttention`) | `vector` (mean-field / TAP steps and steady states) |
+| `boltzmann` | `nn/_boltzmann.py` (`BoltzmannAttention`) | `ising` (exact, mean-field, TAP marginals), `samplers` |
+| `neurogame` | `nn/_neurogame.py` (`NeuroGameAttention`) | `coalitions` (game values), `ising` (mean field) |
+| `implicit` | `nn/_implicit.py` (`ImplicitAttention`) | its own mean-field map; `adaptive_tap` for `onsager="adaptive_tap"` |
+| `free_energy` | `nn/_free_energy.py` (`FreeEnergyAttention`) | `free_energy` |
+| `hopfield` | `nn/_hopfield.py` (`HopfieldAttention`) | `hopfield` |
+| `energy_transformer` | `nn/_energy_transformer.py` (`EnergyTransformerAttention`) | `energy_transformer` |
+| (a model of its own) | `nn/_attractor.py` (`AttractorNetwork`) | `attractor` |
+| `softmax` | `nn/_softmax.py` (`SoftmaxAttention`) | none (the reference) |
+
+`kinetic` (binary spins) has no attention of its own; `vector.entropy_production`, which
+spin attention reports, is its formula applied to vector spins.
+
 Iterative solutions (`ising.mean_field`, `ising.tap`, `kinetic.tap_step`, `vector.tap_step`,
 `vector.tap_ness`, `vector.mean_field_ness`) return a `spinformer.solvers.Solution` and take
 `solver=`, `adjoint=`, `throw=` (the solver object carries the tolerance and step budget).

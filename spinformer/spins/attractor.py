@@ -64,7 +64,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 __all__ = [
@@ -298,7 +297,3 @@ def pseudo_likelihood(x: Tokens, J: Couplings, *, lam: float = 1.0) -> Float[Arr
     logz = jnp.where(jnp.eye(N, dtype=bool), -jnp.inf, log_sphere_partition(kappa, d))
     return jax.nn.logsumexp(logz, axis=-1) - lse_s
 
-
-def _sphere_area(d: int) -> float:
-    """Surface area of the unit sphere in R^d, 2π^{d/2}/Γ(d/2) (for tests and docs)."""
-    return float(2.0 * np.pi ** (d / 2) / math.gamma(d / 2))

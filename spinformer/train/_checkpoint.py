@@ -5,9 +5,8 @@ File layout (`ckpt-00000200.ckpt`): a magic line (`SPINFORMER-CKPT 2`), one line
 SHA-256), then the payload: `eqx.tree_serialise_leaves` of the `RunState` (model, optimizer
 state, stream state if any, step).
 
-Version 1 files (`SPINFORMER-CKPT 1`, written before `RunState`) are still read: their payload
-is `(model, opt_state)`, or `(model, (opt_state, carried))` for a streaming run, and their step
-is the header's.
+Version 1 files (`SPINFORMER-CKPT 1`, written for a few days before `RunState` held the step)
+are refused with a message that says so.
 """
 
 from __future__ import annotations
@@ -102,18 +101,20 @@ def read_checkpoint(path, like: RunState) -> tuple[RunState, dict]:
     `RunState.init(model, optimizer)`; only its structure, shapes and dtypes matter).
 
     A checkpoint of a streaming run read with `like.stream` None still returns its carried
-    stream state. Version 1 files (`(model, opt_state)` payloads, see the module) are read
-    too, their step taken from the header.
+    stream state.
 
     **Returns:** `(state, meta)`. Raises `CorruptCheckpoint` if the file is truncated, its
     checksum does not match, or it does not fit `like`.
     """
     path = pathlib.Path(path)
     data = path.read_bytes()
-    version = next((v for v, m in ((2, MAGIC), (1, MAGIC_V1)) if data.startswith(m)), None)
-    if version is None:
+    if data.startswith(MAGIC_V1):
+        raise CorruptCheckpoint(f"{path}: a version 1 checkpoint (written before the run "
+                                "state held its step), which this version does not read; "
+                                "start the run again.")
+    if not data.startswith(MAGIC):
         raise CorruptCheckpoint(f"{path}: not a spinformer checkpoint (bad magic).")
-    rest = data[len(MAGIC if version == 2 else MAGIC_V1):]
+    rest = data[len(MAGIC):]
     nl = rest.find(b"\n")
     if nl < 0:
         raise CorruptCheckpoint(f"{path}: truncated header.")
@@ -129,30 +130,18 @@ def read_checkpoint(path, like: RunState) -> tuple[RunState, dict]:
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise CorruptCheckpoint(f"{path}: checksum mismatch (the file was altered).")
     try:
-        if version == 1:
-            state = _read_v1(payload, like, int(header["step"]))
-        else:
-            stream = header.get("stream")
-            if like.stream is None and stream is not None:  # read the file's stream state
-                like = eqx.tree_at(lambda s: s.stream, like,
-                                   jnp.zeros(stream["shape"], stream["dtype"]),
-                                   is_leaf=lambda x: x is None)
-            state = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
+        stream = header.get("stream")
+        if like.stream is None and stream is not None:  # read the file's stream state
+            like = eqx.tree_at(lambda s: s.stream, like,
+                               jnp.zeros(stream["shape"], stream["dtype"]),
+                               is_leaf=lambda x: x is None)
+        state = eqx.tree_deserialise_leaves(io.BytesIO(payload), like)
     except Exception as e:  # structure/shape mismatch
         raise CorruptCheckpoint(f"{path}: does not fit this model/optimizer: {e}") from e
     if host_step(state) != int(header["step"]):
         raise CorruptCheckpoint(f"{path}: the payload's step {host_step(state)} is not the "
                                 f"header's {header['step']}.")
     return state, header.get("meta", {})
-
-
-def _read_v1(payload: bytes, like: RunState, step: int) -> RunState:
-    """A version 1 payload: `(model, opt_state)`, or `(model, (opt_state, carried))` when
-    `like.stream` is not None."""
-    held = like.opt_state if like.stream is None else (like.opt_state, like.stream)
-    model, held = eqx.tree_deserialise_leaves(io.BytesIO(payload), (like.model, held))
-    opt_state, stream = (held, None) if like.stream is None else held
-    return RunState(model, opt_state, stream, step=jnp.asarray(step, jnp.int32))
 
 
 def load_latest(directory, like: RunState) -> Optional[tuple[RunState, dict]]:
