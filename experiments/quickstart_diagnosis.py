@@ -43,7 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import ROOT, run_script  # noqa: E402
 
 TIGHT = {"model.spin.solver.tol": 1e-6, "model.spin.solver.max_steps": 300,
-         "model.spin.adjoint.tol": 1e-6}
+         "model.spin.adjoint.rtol": 1e-6}
 
 
 def load(run_dir: pathlib.Path, changes=None, step=None):
@@ -74,7 +74,9 @@ def training_record(run_dir: pathlib.Path) -> dict:
         v = [r[k] for r in tr if k in r]
         if v:
             out[k] = {"mean": float(np.mean(v)), "max": float(np.max(v)),
-                      "at_100": next(r[k] for r in tr if r["step"] >= 100)}
+                      # (None: a run shorter than 100 steps)
+                      "at_100": next((r[k] for r in tr if r["step"] >= 100 and k in r),
+                                     None)}
     return out
 
 

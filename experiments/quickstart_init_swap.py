@@ -45,6 +45,9 @@ def cmd_run(args) -> None:
         cfg = sf.config.load_config(ROOT / "configs" / "quickstart.yaml").replace({
             "train.seed": args.base, "data.seed": args.data_seed, "train.patience": 0,
             "train.progress": False})
+        if args.steps:  # a shorter run (a smoke test)
+            cfg = cfg.replace({"train.steps": args.steps,
+                               "train.checkpoint_every": max(args.steps // 3, 1)})
 
         def hybrid(cfg, dataset, *, key, part=part):
             model = build(cfg, dataset, key=key)
@@ -96,6 +99,7 @@ def main(argv=None) -> None:
     p.add_argument("--donor", type=int, default=0, help="the seed the swapped part comes from")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)}")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: the quickstart's)")
     p.add_argument("--reference", default=str(ROOT / "runs" / "spin_lm" / "quickstart"),
                    help="the unswapped runs (spin_lm.py's quickstart suite)")
     dispatch(p.parse_args(argv), run=cmd_run, report=cmd_report)

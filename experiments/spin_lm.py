@@ -96,7 +96,7 @@ SUITES = {
             # probes of the model seeds that plateau (quickstart_seeds.md): solves to tighter
             # tolerances, twice the steps, the couplings' maps at the main learning rate
             "tight": {"model.spin.solver.tol": 1e-5, "model.spin.solver.max_steps": 100,
-                      "model.spin.adjoint.tol": 1e-6},
+                      "model.spin.adjoint.rtol": 1e-6},
             "steps3000": {"train.steps": 3000},
             "clr": {"train.coupling_lr": 1e-2},
         },

@@ -70,7 +70,7 @@ def _precision(name):
 
 
 def _adjoint(solver, tol):
-    adj = S.Implicit(tol=tol) if solver is None else S.Implicit(solver, tol=tol)
+    adj = S.Implicit(rtol=tol) if solver is None else S.Implicit(solver, rtol=tol)
     return S.record_backward(adj)
 
 

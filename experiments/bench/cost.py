@@ -239,7 +239,7 @@ def main() -> None:
                 else:
                     r = measure(cfg, task, ref, repeats, args.train_steps, args.ratio_only)
                 rows[f"{task}/{fam}"] = r
-            except Exception as e:  # noqa: BLE001: a row that says why
+            except Exception as e:  # noqa: BLE001 - a row that says why
                 rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}
             print(f"{task:12s} {fam:20s} " + json.dumps(
                 {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),

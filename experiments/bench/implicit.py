@@ -90,7 +90,7 @@ def section_memory():
     x = jax.random.normal(jax.random.key(1), (B, N, D))
     base = layers(1.0, jax.random.key(0))
     rows = {}
-    for name, adj in (("implicit", solvers.Implicit(tol=1e-4)), ("unrolled", solvers.Unrolled())):
+    for name, adj in (("implicit", solvers.Implicit(rtol=1e-4)), ("unrolled", solvers.Unrolled())):
         for k in (10, 40):
             # the layer's own map, solved with exactly k steps (tol 0; the module itself would
             # treat such a solve as failed and pass no gradient through it)

@@ -21,7 +21,10 @@ median of the per-round ratios, always baseline time / ours (> 1: ours is faster
 baselines are softmax attention (1) and Algorithm 1 as printed (3).
 
     python experiments/bench/neurogame.py            # batch 8, 64 tokens, width 64, 4 heads
-    python experiments/bench/neurogame.py --quick    # small sizes, a smoke test (< 30 s)
+    python experiments/bench/neurogame.py --quick    # small sizes, a smoke test (< 60 s)
+
+`--quick` always runs the breakdown of `mode="query"` (the full run: only where a mode misses
+the target), so that the smoke test goes through every part.
 
 The full run writes `experiments/results/ngt/bench.md` and `estimator_error.png` beside it;
 `--quick` writes nothing unless given `--out`.
@@ -139,12 +142,13 @@ def _fwd_diag(module, x, keys):
 
 def _games_inputs(module, x):
     """The player vectors u of every game the module plays on the batch `x (B, n, D)`:
-    `(B·H·G, s, D_h)` (G = 1 pooled, n per query), as `NeuroGameAttention._games` builds them."""
+    `(B·H·G, s, D_h)` (G = 1 pooled, n per query), as `NeuroGameAttention._games` builds them
+    (with `_players`: `module.mode` is the name of the mode, a string)."""
     H = module.num_heads
 
     def one(xi):
         v = project_heads(module.to_v, xi, H)  # (H, s, D_h)
-        return module.mode.games(module, xi, xi, v, None)[1]  # (H, G, s, D_h)
+        return module._players(xi, xi, v, None)[1]  # (H, G, s, D_h)
 
     u = jax.vmap(one)(x)
     return u.reshape(-1, *u.shape[-2:])
@@ -215,7 +219,10 @@ def bench_breakdown(rep, module, x, K, fields, couplings, gammas, total_fb, tota
     return {r[0]: (r[1], r[3]) for r in rows}
 
 
-def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats):
+def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats,
+                    breakdown_always=False):
+    """Part 1. The breakdown of a mode (`breakdown_repeats[mode]` rounds) runs where NGT misses
+    the target, or always with `breakdown_always` (`--quick`: the smoke test runs it)."""
     kx, km, kk = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (batch, n, dim))
     keys = jax.random.split(kk, batch)
@@ -291,7 +298,7 @@ def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats):
                      "average.")
         rep.text(f"    first calls (compile + run): fwd+bwd {c:.1f} s, forward {cf:.1f} s "
                  f"(softmax fwd+bwd {c_soft:.1f} s).")
-        if not met and breakdown_repeats.get(mode):
+        if (breakdown_always or not met) and breakdown_repeats.get(mode):
             results[mode]["breakdown"] = bench_breakdown(
                 rep, ngt, x, K, fields, couplings, gammas, tb.median("NGT"), tf.median("NGT"),
                 breakdown_repeats[mode])
@@ -482,7 +489,7 @@ def main():
     out = a.out if a.out is not None else (None if a.quick else RESULTS / "bench.md")
     if a.quick:
         att = dict(batch=2, n=12, dim=32, heads=2, K=15, repeats={"pooled": 3, "query": 3},
-                   breakdown_repeats={"query": 1})
+                   breakdown_repeats={"query": 1}, breakdown_always=True)
         err = dict(n=8, d=16, num_games=2, num_keys=4, Ks=[4, 16])
         cost = dict(sizes=[8], d=16, num_games=8, K=15, repeats=3)
     else:

@@ -75,10 +75,10 @@ class SeedSpinAttention(eqx.Module):
 
 
 ADJOINTS = {
-    "GMRES(restart=5)": solvers.Implicit(solvers.GMRES(restart=5), tol=1e-3),
+    "GMRES(restart=5)": solvers.Implicit(solvers.GMRES(restart=5), rtol=1e-3),
     "Anderson(history=3)": solvers.Implicit(solvers.Anderson(history=3, safeguard=False),
-                                            tol=1e-3),
-    "Picard (Neumann)": solvers.Implicit(solvers.Picard(), tol=1e-3),
+                                            rtol=1e-3),
+    "Picard (Neumann)": solvers.Implicit(solvers.Picard(), rtol=1e-3),
 }
 
 
@@ -132,7 +132,7 @@ def _lm(depth, dim, heads, n, attention, key):
     if attention == "spin":
         kw = dict(update="tap", mode="fixed_point",
                   solver=solvers.Anderson(tol=1e-3, max_steps=30),
-                  adjoint=solvers.Implicit(solvers.GMRES(restart=5), tol=1e-3))
+                  adjoint=solvers.Implicit(solvers.GMRES(restart=5), rtol=1e-3))
     return nn.CausalLM(256, dim, depth, num_heads=heads, max_len=n, attention=attention,
                        attention_kwargs=kw, ffn_hidden=4 * dim, key=key)
 

@@ -17,11 +17,11 @@ def mk(kind):
         _, vjp = jax.vjp(lambda z: deq_map(z, Wf, Uf, bf, xi), z)
         mv = lambda v: v - vjp(v)[0]
         if kind == "ours linear_solve picard":
-            return linear_solve(S.Picard(), mv, wf, tol=1e-5, max_steps=200)[0]
+            return linear_solve(S.Picard(), mv, wf, rtol=1e-5, max_steps=200)[0]
         if kind == "ours linear_solve anderson":
-            return linear_solve(S.Anderson(history=5, safeguard=False), mv, wf, tol=1e-5, max_steps=200)[0]
+            return linear_solve(S.Anderson(history=5, safeguard=False), mv, wf, rtol=1e-5, max_steps=200)[0]
         if kind == "ours richardson picard only":
-            return richardson_solve(S.Picard(), mv, wf, tol=1e-5, max_steps=200)[0]
+            return richardson_solve(S.Picard(), mv, wf, rtol=1e-5, max_steps=200)[0]
         if kind == "plain while picard":
             tol = 1e-5 * jnp.linalg.norm(wf)
             def cond(c): return (c[2] > tol) & (c[1] < 200)
