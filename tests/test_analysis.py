@@ -143,6 +143,7 @@ def test_diagnose_command(tmp_path, capsys):
     table = captured.out
     # progress while it works: loading, the batch (with the compile), the summary
     assert "diagnose: loading" in captured.err and "compiling" in captured.err
+    assert "--starts 0" in captured.err  # the option that makes it quicker, named
     assert "diagnose: summarising" in captured.err
     summary = json.loads((out / "diagnostics.json").read_text())
     assert summary["examples"] == 3 and summary["starts"] == 3
@@ -153,6 +154,9 @@ def test_diagnose_command(tmp_path, capsys):
         assert r["fixed_points"]["mean"] >= 1 and 0 <= r["converged"] <= 1
         assert r["solves"] == 3 * 2 and r["entropy_production"]["mean"] >= 0
     assert "spectral radius" in table and len(table.strip().splitlines()) == 4  # 2 layers
+    for unit in ("contracting (fraction ρ < 1)", "converged starts (fraction)",
+                 "solver steps (mean per solve)", "failed solves"):
+        assert unit in table
     assert (out / "diagnostics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a missing directory, and one that holds no run
     assert cli.main(["diagnose", str(tmp_path / "missing")]) == 2

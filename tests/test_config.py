@@ -54,7 +54,9 @@ def test_replace_takes_typed_values():
                              ({"train.stpes": 5}, "Did you mean 'train.steps'"),
                              ({"model.spin.update": "xx"}, "is not one of"),
                              ({"model.boltzmann.mode": "h"}, "model.attention is spin"),
-                             ({"train": 3}, "is a section")):
+                             ({"train": 3}, "is a section"),
+                             # a family without settings: said so, not another family's name
+                             ({"model.softmax.foo": 1}, "softmax attention has no settings")):
         with pytest.raises(C.ConfigError, match=message):
             cfg.replace(changes)
 

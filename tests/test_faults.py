@@ -907,13 +907,19 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(tmp_path, name):
     assert any(str(newest) in str(w.message) for w in caught)
 
 
-def test_every_checkpoint_corrupt_means_none(tmp_path):
+def test_every_checkpoint_corrupt_is_an_error_not_a_fresh_start(tmp_path):
+    """Checkpoints that are all damaged are not "no checkpoint": a resume would start again
+    from step 0 and rewrite the run's metrics. `load_latest` raises, naming the newest one's
+    fault and how many it tried; an empty directory is still None."""
     like = saved_checkpoints(tmp_path, steps=(2, 4))
     for _, p in train.list_checkpoints(tmp_path):
         p.write_bytes(p.read_bytes()[:-1])
-    with pytest.warns(UserWarning) as caught:
-        assert train.load_latest(tmp_path, like) is None
-    assert len(caught) == 2
+    newest = _checkpoint.checkpoint_path(tmp_path, 4)
+    with pytest.raises(train.CorruptCheckpoint, match=r"\(2 tried\)") as e:
+        train.load_latest(tmp_path, like)
+    assert f"{newest}: truncated" in str(e.value)
+    (tmp_path / "empty").mkdir()
+    assert train.load_latest(tmp_path / "empty", like) is None
 
 
 def test_load_run_skips_a_corrupt_checkpoint(tmp_path):
