@@ -298,9 +298,9 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from .config import describe, load_config
-
     import textwrap
+
+    from .config import describe, load_config
 
     path = find_config(args.config)
     cfg = load_config(path, overrides=args.set)

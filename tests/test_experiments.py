@@ -25,7 +25,7 @@ def _load(name):
     return mod
 
 
-@pytest.mark.slow  # ~60 s: the sweep's whole quick grid (the default suite keeps under ~15 min)
+@pytest.mark.slow  # ~60 s: the sweep's whole quick grid
 def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     ablation = _load("boltzmann_ablation")
@@ -145,7 +145,7 @@ def test_implicit_images_quick(tmp_path, monkeypatch):
     assert {p: p.stat().st_mtime for p in runs.glob("*/test.json")} == before
 
 
-@pytest.mark.slow  # ~20 s: four tiny training runs (the default suite keeps near 16 min)
+@pytest.mark.slow  # ~20 s: four tiny training runs
 def test_spin_lm_runs_resumes_and_reports(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     study = _load("spin_lm")

@@ -16,7 +16,7 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # 20-90 s each at small size on 2 cores (training runs, many compilations): `-m slow` only,
-# to keep the default run near 13 minutes (spin_physics, the quickest, stays as the default
+# to keep the default run short (spin_physics, the quickest, stays as the default
 # run's check of the notebook machinery)
 HEAVY = {"spin_transformer.ipynb", "implicit_attention.ipynb", "neurogame.ipynb",
          "boltzmann_attention.ipynb", "energy_views.ipynb", "nonequilibrium.ipynb",
