@@ -182,7 +182,7 @@ def choice(kind: str, value: Any, *, where: Optional[str] = None) -> Any:
 for _kind, _names in (
         ("solver", dict(anderson=solvers.Anderson, picard=solvers.Picard,
                         broyden=solvers.Broyden, newton=solvers.Newton,
-                        jaxopt_anderson=solvers.JaxoptAnderson, reversible=solvers.Reversible)),
+                        reversible=solvers.Reversible)),
         ("adjoint", dict(implicit=solvers.Implicit, unrolled=solvers.Unrolled,
                          phantom=solvers.Phantom, onestep=solvers.OneStep,
                          reversible=solvers.ReversibleAdjoint)),

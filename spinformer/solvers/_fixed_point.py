@@ -370,8 +370,8 @@ def fixed_point(
     - `x0`: initial guess, any pytree of floating arrays.
     - `args`: any pytree of arrays and Python scalars `fn` needs (gradients flow to its
       floating leaves).
-    - `solver`: `Anderson()` (default), `Picard(damping)`, `Reversible(damping)`, the reference
-      `JaxoptAnderson()`, or a root finder (`Broyden()`, `Newton()`) applied to fn(x) − x.
+    - `solver`: `Anderson()` (default), `Picard(damping)`, `Reversible(damping)`, or a root
+      finder (`Broyden()`, `Newton()`) applied to fn(x) − x.
       The solver carries the stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol),
       `max_steps` and `norm`, e.g. `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.
     - `adjoint`: how gradients are computed: `Implicit()` (default), `Unrolled()`,

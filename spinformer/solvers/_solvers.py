@@ -1,4 +1,4 @@
-"""Iterative solvers: `Picard`, `Anderson`, `JaxoptAnderson` (fixed points) and `Broyden`,
+"""Iterative solvers: `Picard`, `Anderson` (fixed points) and `Broyden`,
 `Newton` (roots, and fixed points written as roots).
 
 Every solver works on one flat vector `x` (the driver ravels pytrees) and is a small Equinox
@@ -449,78 +449,6 @@ class Anderson(AbstractFixedPointSolver):
 
 
 # ----------------------------------------------------------------------------- jaxopt
-
-
-class _JaxoptState(eqx.Module):
-    params: Float[Array, " n"]
-    inner: Any
-    rnorm: Float[Array, ""]
-
-
-class JaxoptAnderson(AbstractFixedPointSolver):
-    """`jaxopt.AndersonAcceleration` (the reference implementation) behind this interface.
-
-    Each step is one `AndersonAcceleration.update`, so iterates match jaxopt's own `run`
-    exactly; the loop, termination, statistics and gradients (`adjoint=`) are spinformer's.
-    jaxopt starts extrapolating only once its history is full and regularises with an
-    absolute ridge. As in jaxopt, the iterate is g(x_k) while the residual is measured at
-    x_k. Kept as the reference the tests and benchmarks compare `Anderson` against; it needs
-    jaxopt, which only the `dev` and `bench` extras install.
-
-    **Arguments:** `history` (≥ 2), `damping` (jaxopt's `beta` = 1 − damping), `ridge`
-    (absolute), and `tol`, `max_steps`, `norm` as every solver.
-    """
-
-    history: int = eqx.field(default=5, static=True)
-    damping: float = 0.0
-    ridge: float = 1e-5
-    tol: float = 1e-5
-    max_steps: int = eqx.field(default=100, static=True)
-    norm: Callable = eqx.field(default=max_norm, static=True)
-
-    def __check_init__(self):
-        if self.history < 2:
-            raise ValueError("JaxoptAnderson(history=...) must be >= 2 (a jaxopt requirement).")
-        _check_damping("JaxoptAnderson", self.damping)
-
-    def _solver(self, prob):
-        try:
-            import jaxopt
-        except ImportError:
-            raise ImportError(
-                "JaxoptAnderson wraps jaxopt, which spinformer does not install by default "
-                "(jaxopt is unmaintained upstream; it is the reference our tests and "
-                "benchmarks compare against). Install it with `pip install -e \".[bench]\"` "
-                "(or `.[dev]`), or use solvers.Anderson()."
-            ) from None
-
-        if not isinstance(prob, _FixedPointProblem):
-            raise ValueError("JaxoptAnderson only solves fixed points.")
-        return jaxopt.AndersonAcceleration(
-            fixed_point_fun=prob.fn,
-            history_size=self.history,
-            beta=1.0 - self.damping,
-            ridge=self.ridge,
-            implicit_diff=False,
-            jit=False,
-        )
-
-    def init(self, prob, x, args):
-        inner = self._solver(prob).init_state(x, args)
-        return _JaxoptState(x, inner, jnp.asarray(jnp.inf, x.dtype))
-
-    def step(self, prob, s, args):
-        params, inner = self._solver(prob).update(s.params, s.inner, args)
-        pos = (inner.iter_num - 1) % self.history
-        rnorm = self._rnorm(inner.residuals_history[pos])
-        return _JaxoptState(params, inner, rnorm.astype(s.rnorm.dtype))
-
-    def terminate(self, state):
-        failed = jnp.isnan(state.rnorm) | (state.rnorm == jnp.inf) & (state.inner.iter_num > 0)
-        return self._stop(state.rnorm, failed)
-
-    def output(self, state):
-        return state.params, state.rnorm
 
 
 # ----------------------------------------------------------------------------- Broyden
