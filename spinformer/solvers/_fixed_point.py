@@ -447,7 +447,7 @@ def _solve_with_aux(name, problem_cls, fn, x0, args, solver, adjoint, throw, ver
     """Check the inputs, solve, and with `has_aux` evaluate the auxiliary output at the
     solution (outside the compiled solve: its loop iterates the new x alone)."""
     x0 = _as_array_leaves(x0)
-    _check_inputs(name, fn, x0, args, solver, adjoint, name == "root_find", has_aux)
+    _check_inputs(name, fn, x0, args, solver, adjoint, problem_cls is _RootProblem, has_aux)
     args = _as_array_scalars(args)
     step = _NewX(fn) if has_aux else fn
     sol = _solve(name, problem_cls, step, x0, args, solver, adjoint, throw, verbose,
