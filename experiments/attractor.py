@@ -64,7 +64,7 @@ ATTRACTOR_KEYS = {"patch", "dim", "lam_train", "lam_test", "gamma", "norm", "con
                   "objective", "epochs", "batch_size", "lr", "clip"}
 BASELINE_KEYS = {"patch", "dim", "depth", "num_heads", "ffn_hidden", "iterations", "epochs",
                  "batch_size", "lr"}
-# the Energy Transformer: `et_options` are model.energy_transformer's keys (steps, alpha,
+# the Energy Transformer: `et_options` are its settings (model.attention's keys: steps, alpha,
 # head_dim, memories, hopfield, beta_hn)
 ET_KEYS = {"patch", "dim", "num_heads", "et_options", "iterations", "epochs", "batch_size", "lr"}
 SECTIONS = {"description", "experiment", "seed", "data", "tasks", "eval", "attractor",
@@ -76,7 +76,7 @@ SECTIONS = {"description", "experiment", "seed", "data", "tasks", "eval", "attra
 # --------------------------------------------------------------------------------------------
 
 def _et_config():
-    """The config section `model.energy_transformer` (the Energy Transformer's options)."""
+    """The Energy Transformer's settings class (`EnergyTransformerConfig`)."""
     return sf.nn.get_attention("energy_transformer").config
 
 

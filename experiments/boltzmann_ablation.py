@@ -88,7 +88,7 @@ def run_name(task, T, ffn, mode, seed):
 def config_for(task, T, ffn, mode, seed, quick):
     """The config of one run; `mode` is one of MODES or EXTRAS."""
     base_mode = EXTRAS[mode][0] if mode in EXTRAS else mode
-    over = {"data.seq_len": T, "model.ffn_hidden": ffn, "model.boltzmann.mode": base_mode,
+    over = {"data.seq_len": T, "model.ffn_hidden": ffn, "model.attention.mode": base_mode,
             "train.seed": seed, "data.seed": seed, "train.progress": False}
     if quick:
         over.update({"train.steps": 6, "train.eval_every": 3, "data.eval_batches": 1,
@@ -436,7 +436,7 @@ def cmd_report(args):
 
 def _with_inference(cfg, dataset, trained, inference, **extra):
     """The trained model with another inference: `inference` a name, `extra` its fields."""
-    cfg2 = cfg.replace({"model.boltzmann.inference": {"name": inference, **extra}})
+    cfg2 = cfg.replace({"model.attention.inference": {"name": inference, **extra}})
     fresh = sf.train.build_model(cfg2, dataset, key=jax.random.key(0))
     leaves = jax.tree_util.tree_leaves(eqx.filter(trained, eqx.is_array))
     arrays, static = eqx.partition(fresh, eqx.is_array)

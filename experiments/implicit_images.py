@@ -52,11 +52,11 @@ VARIANTS = {
     "softmax": ("fmnist_softmax", {}, "softmax attention, 2 pre-norm blocks (width 32)"),
     "implicit": ("fmnist_implicit", {}, "Deep Implicit Attention (explicit J, MLP Onsager)"),
     "free_energy": ("fmnist_free_energy", {}, "free-energy attention (AFEM saddle)"),
-    "implicit_naive": ("fmnist_implicit", {"model.implicit.onsager": "none"},
+    "implicit_naive": ("fmnist_implicit", {"model.attention.onsager": "none"},
                        "implicit, no Onsager term (naive mean field: a linear layer)"),
-    "implicit_nojac": ("fmnist_implicit", {"model.implicit.jacobian_penalty": 0.0},
+    "implicit_nojac": ("fmnist_implicit", {"model.attention.jacobian_penalty": 0.0},
                        "implicit without the Jacobian penalty"),
-    "implicit_softmax_J": ("fmnist_implicit", {"model.implicit.couplings": "softmax"},
+    "implicit_softmax_J": ("fmnist_implicit", {"model.attention.couplings": "softmax"},
                            "implicit, softmax-amortised couplings"),
 }
 MAIN = ("softmax", "implicit", "free_energy")
@@ -86,7 +86,7 @@ def test_metrics(run_dir, quick: bool = False) -> dict:
     cfg, dataset, model = sf.train.load_run(run_dir)
     n = 1 if quick else dataset.num_batches("test")
     out = sf.train.evaluate(model, [dataset.batch(i, "test") for i in range(n)])
-    if cfg.model.attention == "implicit":
+    if cfg.model.attention.name == "implicit":
         attn = jax.tree.map(lambda z: z[0] if eqx.is_array(z) else z, model.layers.attention)
         x = jnp.asarray(dataset.batch(0, "test")["inputs"][:32 if not quick else 4])
         rho = np.asarray(eqx.filter_jit(jax.vmap(

@@ -50,7 +50,7 @@ BASE = ROOT / "configs/nli_softmax.yaml"
 # name -> (overrides on the base config, label)
 # The NGT variants pin the unrolled adjoint (backpropagation through the Picard iterations, as
 # the paper's code); `ngt_implicit` is the same model with the library's default implicit one.
-_NGT = {"model.pool": "ngt", "model.neurogame.adjoint.name": "unrolled"}
+_NGT = {"model.pool": {"name": "neurogame", "adjoint": {"name": "unrolled"}}}
 _SHORT = {"data.phenomena": "negation,quantifier,lexical", "data.seq_len": 13}
 # the variant each one's gap is paired to (default: softmax)
 # (the ablations of the NGT head are paired to `ngt`, the estimator study to `short_mc`)
@@ -62,29 +62,29 @@ VARIANTS = {
     # 300 mean-field steps: with the default 100, one query's mean field on seed 2 ran out of
     # steps at training step ~190 (mean 3-4 steps) and the solver raised; a run that never
     # needs more than 100 is unchanged by the larger budget
-    "boltzmann": ({"model.attention": "boltzmann", "model.boltzmann.mode": "hJ",
-                   "model.boltzmann.inference": "mean_field",
-                   "model.boltzmann.solver.max_steps": 300},
+    "boltzmann": ({"model.attention": "boltzmann", "model.attention.mode": "hJ",
+                   "model.attention.inference": "mean_field",
+                   "model.attention.solver.max_steps": 300},
                   "Boltzmann h+J encoder (mean field, ≤ 300 steps), mean pool"),
     "ngt": (_NGT, "softmax encoder + NGT pooled head (mc)"),
-    "ngt_implicit": ({**_NGT, "model.neurogame.adjoint.name": "implicit"},
+    "ngt_implicit": ({**_NGT, "model.pool.adjoint.name": "implicit"},
                      "NGT head, implicit adjoint"),
-    "ngt_lambda1": ({**_NGT, "model.neurogame.gate": "shapley"},
+    "ngt_lambda1": ({**_NGT, "model.pool.gate": "shapley"},
                     "NGT head, λ ≡ 1 (Shapley only)"),
-    "ngt_lambda0": ({**_NGT, "model.neurogame.gate": "banzhaf"},
+    "ngt_lambda0": ({**_NGT, "model.pool.gate": "banzhaf"},
                     "NGT head, λ ≡ 0 (Banzhaf only)"),
-    "ngt_noJ": ({**_NGT, "model.neurogame.interactions": False}, "NGT head, no J_ij"),
-    "ngt_paper": ({**_NGT, "model.neurogame.estimator": "paper"},
+    "ngt_noJ": ({**_NGT, "model.pool.interactions": False}, "NGT head, no J_ij"),
+    "ngt_paper": ({**_NGT, "model.pool.estimator": "paper"},
                   "NGT head, Algorithm 1 estimators"),
     # the estimator study: exact values enumerate 2^T coalitions, so it runs on the pairs
     # without word order (every pair fits in 13 slots); gaps are paired to short_mc
     "short_mc": ({**_SHORT, **_NGT}, "NGT head (mc), 13-slot task without word order"),
-    "short_paper": ({**_SHORT, **_NGT, "model.neurogame.estimator": "paper"},
+    "short_paper": ({**_SHORT, **_NGT, "model.pool.estimator": "paper"},
                     "NGT head (Algorithm 1 estimators), 13-slot task"),
-    "short_exact": ({**_SHORT, **_NGT, "model.neurogame.estimator": "exact"},
+    "short_exact": ({**_SHORT, **_NGT, "model.pool.estimator": "exact"},
                     "NGT head (exact values), 13-slot task"),
-    "ngt_query": ({"model.attention": "neurogame", "model.neurogame.mode": "query",
-                   "model.neurogame.adjoint.name": "unrolled"},
+    "ngt_query": ({"model.attention": "neurogame", "model.attention.mode": "query",
+                   "model.attention.adjoint.name": "unrolled"},
                   "NGT per-query games in the encoder (extension), mean pool"),
 }
 TEST_BATCHES = 16
@@ -101,15 +101,17 @@ def config_for(variant: str, seed: int, quick: bool, steps=None):
                         "model.dim": 16, "model.num_heads": 2, "model.ffn_hidden": 16,
                         "model.depth": 1})
     cfg = cfg.replace(changes)
-    if quick and cfg.model.section("neurogame") is not None:  # NGT attention or its head
-        cfg = cfg.replace({"model.neurogame.train_samples": 3,
-                           "model.neurogame.eval_samples": 3})
+    for field in ("attention", "pool"):  # NGT attention or its head
+        if quick and isinstance(getattr(cfg.model, field), sf.nn.NeuroGameConfig):
+            cfg = cfg.replace({f"model.{field}.train_samples": 3,
+                               f"model.{field}.eval_samples": 3})
     return cfg
 
 
 def usable(variant: str, cfg) -> bool:
     """Exact values enumerate 2^(slots) coalitions: only for sequences of <= 16 slots."""
-    exact = cfg.model.pool == "ngt" and str(cfg.model.neurogame.estimator) == "exact"
+    pool = cfg.model.pool
+    exact = isinstance(pool, sf.nn.NeuroGameConfig) and str(pool.estimator) == "exact"
     return not exact or cfg.data.seq_len <= sf.spins.coalitions.MAX_EXACT
 
 

@@ -42,15 +42,15 @@ from spinformer.data._brackets import OPEN
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import ROOT, run_script  # noqa: E402
 
-TIGHT = {"model.spin.solver.tol": 1e-6, "model.spin.solver.max_steps": 300,
-         "model.spin.adjoint.rtol": 1e-6}
+TIGHT = {"model.attention.solver.tol": 1e-6, "model.attention.solver.max_steps": 300,
+         "model.attention.adjoint.rtol": 1e-6}
 
 
 def load(run_dir: pathlib.Path, changes=None, step=None):
     """`(cfg, dataset, model)` of a run at its newest checkpoint (or at `step`), the model
     built from the run's config with `changes` (e.g. `TIGHT`)."""
     cfg = sf.config.load_config(run_dir / "config.yaml")
-    if changes and cfg.model.attention == "spin":
+    if changes and cfg.model.attention.name == "spin":
         cfg = cfg.replace(changes)
     dataset = sf.train.build_dataset(cfg)
     model = sf.train.build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
@@ -177,13 +177,13 @@ def gradient_agreement(run_dir: pathlib.Path, batches: int) -> dict:
 def diagnose_run(run_dir: pathlib.Path, args) -> dict:
     cfg, dataset, model = load(run_dir)
     tight = load(run_dir, TIGHT)[2]
-    row = {"run": run_dir.name, "attention": cfg.model.attention,
+    row = {"run": run_dir.name, "attention": cfg.model.attention.name,
            "train_seed": cfg.train.seed, "data_seed": cfg.data.seed,
            "val_accuracy": json.loads((run_dir / "summary.json").read_text())
            ["metrics"]["accuracy"],
            "training": training_record(run_dir),
            "test": behaviour_on_test(model, tight, dataset, args.batches)}
-    if cfg.model.attention == "spin":
+    if cfg.model.attention.name == "spin":
         d = sf.train.diagnose(run_dir, batches=args.fp_batches, starts=8)
         row["fixed_points"] = d["layers"][0]
         row["gradients"] = gradient_agreement(run_dir, args.grad_batches)

@@ -44,12 +44,12 @@ from _cli import dispatch, make_parser, run_script  # noqa: E402
 from _stats import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-S2 = {"model.spin.mode": "steps", "model.spin.update": "mean_field", "model.spin.num_steps": 2}
+S2 = {"model.attention.mode": "steps", "model.attention.update": "mean_field", "model.attention.num_steps": 2}
 
 # the previous quickstart (β = 1, learning rate 3e-3), and its learning rate alone
-OLD = {"model.spin.beta": 1.0, "train.lr": 3e-3}
+OLD = {"model.attention.beta": 1.0, "train.lr": 3e-3}
 LR3 = {"train.lr": 3e-3}
-S2 = {"model.spin.mode": "steps", "model.spin.update": "mean_field", "model.spin.num_steps": 2}
+S2 = {"model.attention.mode": "steps", "model.attention.update": "mean_field", "model.attention.num_steps": 2}
 
 SUITES = {
     "quickstart": {
@@ -59,12 +59,12 @@ SUITES = {
             # the defaults and one change from them
             "softmax": {"model.attention": "softmax"},
             "spin": {},
-            "beta1": {"model.spin.beta": 1.0},
-            "beta4": {"model.spin.beta": 4.0},
-            "learn_beta": {"model.spin.learn_beta": True},
-            "value": {"model.spin.value_proj": True},
-            "mean_field": {"model.spin.update": "mean_field"},
-            "response": {"model.spin.output": "response"},
+            "beta1": {"model.attention.beta": 1.0},
+            "beta4": {"model.attention.beta": 4.0},
+            "learn_beta": {"model.attention.learn_beta": True},
+            "value": {"model.attention.value_proj": True},
+            "mean_field": {"model.attention.update": "mean_field"},
+            "response": {"model.attention.output": "response"},
             "steps2": S2,
             "b2_lr6": {"train.lr": 6e-3},
             # the previous learning rate (3e-3) and the probes that found the two levers
@@ -72,31 +72,31 @@ SUITES = {
             "softmax_lr6": {"model.attention": "softmax", "train.lr": 6e-3},
             "old": OLD,
             "old_beta2": LR3,
-            "b3": {**OLD, "model.spin.beta": 3.0},
-            "old_beta4": {**OLD, "model.spin.beta": 4.0},
-            "old_value": {**OLD, "model.spin.value_proj": True},
-            "old_raw_fields": {**OLD, "model.spin.normalize_fields": False},
-            "old_value_raw": {**OLD, "model.spin.value_proj": True,
-                              "model.spin.normalize_fields": False},
-            "old_learn_beta": {**OLD, "model.spin.learn_beta": True},
-            "old_value_learn_beta": {**OLD, "model.spin.value_proj": True,
-                                     "model.spin.learn_beta": True},
-            "b2_value": {**LR3, "model.spin.value_proj": True},
-            "b2_learn_beta": {**LR3, "model.spin.learn_beta": True},
-            "b2_steps1": {**LR3, **S2, "model.spin.num_steps": 1},
+            "b3": {**OLD, "model.attention.beta": 3.0},
+            "old_beta4": {**OLD, "model.attention.beta": 4.0},
+            "old_value": {**OLD, "model.attention.value_proj": True},
+            "old_raw_fields": {**OLD, "model.attention.normalize_fields": False},
+            "old_value_raw": {**OLD, "model.attention.value_proj": True,
+                              "model.attention.normalize_fields": False},
+            "old_learn_beta": {**OLD, "model.attention.learn_beta": True},
+            "old_value_learn_beta": {**OLD, "model.attention.value_proj": True,
+                                     "model.attention.learn_beta": True},
+            "b2_value": {**LR3, "model.attention.value_proj": True},
+            "b2_learn_beta": {**LR3, "model.attention.learn_beta": True},
+            "b2_steps1": {**LR3, **S2, "model.attention.num_steps": 1},
             "b2_steps2": {**LR3, **S2},
-            "b2_steps3": {**LR3, **S2, "model.spin.num_steps": 3},
-            "b2_tap_steps2": {**LR3, "model.spin.mode": "steps", "model.spin.num_steps": 2},
+            "b2_steps3": {**LR3, **S2, "model.attention.num_steps": 3},
+            "b2_tap_steps2": {**LR3, "model.attention.mode": "steps", "model.attention.num_steps": 2},
             "b2_steps2_clr": {**LR3, **S2, "train.coupling_lr": 3e-3},
-            "b4_steps2": {**LR3, **S2, "model.spin.beta": 4.0},
-            "c2_steps2": {**OLD, **S2, "model.spin.coupling_scale": 2.0},
-            "b2c2_steps2": {**LR3, **S2, "model.spin.coupling_scale": 2.0},
+            "b4_steps2": {**LR3, **S2, "model.attention.beta": 4.0},
+            "c2_steps2": {**OLD, **S2, "model.attention.coupling_scale": 2.0},
+            "b2c2_steps2": {**LR3, **S2, "model.attention.coupling_scale": 2.0},
             "b2_steps2_lr6": {**S2, "train.lr": 6e-3},
-            "b1_steps2_lr6": {**S2, "model.spin.beta": 1.0, "train.lr": 6e-3},
+            "b1_steps2_lr6": {**S2, "model.attention.beta": 1.0, "train.lr": 6e-3},
             # probes of the model seeds that plateau (quickstart_seeds.md): solves to tighter
             # tolerances, twice the steps, the couplings' maps at the main learning rate
-            "tight": {"model.spin.solver.tol": 1e-5, "model.spin.solver.max_steps": 100,
-                      "model.spin.adjoint.rtol": 1e-6},
+            "tight": {"model.attention.solver.tol": 1e-5, "model.attention.solver.max_steps": 100,
+                      "model.attention.adjoint.rtol": 1e-6},
             "steps3000": {"train.steps": 3000},
             "clr": {"train.coupling_lr": 1e-2},
         },
@@ -107,9 +107,9 @@ SUITES = {
         "variants": {
             "softmax": {"model.attention": "softmax"},
             "spin": {},
-            "no_value": {"model.spin.value_proj": False},
-            "magnetization": {"model.spin.output": "magnetization",
-                              "model.spin.value_proj": False},
+            "no_value": {"model.attention.value_proj": False},
+            "magnetization": {"model.attention.output": "magnetization",
+                              "model.attention.value_proj": False},
         },
     },
 }

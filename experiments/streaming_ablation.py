@@ -43,7 +43,7 @@ CONFIG = ROOT / "configs" / "shakespeare_stream.yaml"
 def variants(weight: float) -> dict[str, dict]:
     return {
         "stream": {},
-        "reset": {"data.stream": False, "model.spin.init": "reset"},
+        "reset": {"data.stream": False, "model.attention.init": "reset"},
         "sigma+": {"train.entropy_weight": weight},
         "sigma-": {"train.entropy_weight": -weight},
         "local": {"train.local_losses": True},

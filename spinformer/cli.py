@@ -183,8 +183,7 @@ def _cmd_run(args) -> int:
     from .config import load_config
     from .train import TrainingInterrupted, initialize_distributed, is_writer, run
     from .train._loop import skipped_steps_note
-
-    from .train._experiment import import_run_modules
+    from .train._plugins import import_run_modules
 
     path = find_config(args.config)
     out = pathlib.Path(args.out) if args.out else default_out_dir(path, args.resume)
@@ -242,15 +241,15 @@ def _resumed_config(path, saved, cfg, overrides, out):
     a `ConfigError` says what does not fit), and the notes to print: the keys at which the
     config file given on the command line differs from it (they are not used), and a run
     that wrote no checkpoint yet (it starts again from step 0)."""
-    from .config import load_config, to_dict
-    from .train._checkpoint import list_checkpoints
-    from .train._experiment import _diff, _resumable, check_run_dir
+    from .config import load_config
+    from .train import list_checkpoints
     from .train._orbax import OrbaxCheckpoints
+    from .train._rundir import changed_keys, check_run_dir
 
     resumed = load_config(saved, overrides=overrides)
     check_run_dir(out, resumed, resume=True, write=False)
     notes = []
-    ignored = [k for k in _diff(to_dict(resumed), to_dict(cfg)) if not _resumable(k)]
+    ignored = changed_keys(resumed, cfg)
     if ignored:
         notes.append(f"resuming with the config saved in {saved}; {path} differs at "
                      f"{', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''} (not "
@@ -325,7 +324,7 @@ def _cmd_generate(args) -> int:
     import time
 
     from ._generate import generate_texts, load_language_model
-    from .train._experiment import import_run_modules
+    from .train._plugins import import_run_modules
 
     import_run_modules(args.run_dir)  # a run trained with --import: its attention's module
     loaded = load_language_model(args.run_dir)
@@ -353,7 +352,7 @@ def _cmd_generate(args) -> int:
 
 def _cmd_diagnose(args) -> int:
     from .train import diagnose, diagnostics_table
-    from .train._experiment import import_run_modules
+    from .train._plugins import import_run_modules
 
     import_run_modules(args.run_dir)  # a run trained with --import: its attention's module
     try:
@@ -427,7 +426,7 @@ def import_user_modules(names: Sequence[str]) -> None:
     them in the run directory (`imports.json`), and the commands that read a run's config
     again (`diagnose`, `generate`, `run --resume`) import them by themselves."""
     if names:
-        from .train._experiment import import_modules
+        from .train._plugins import import_modules
 
         import_modules(names)
 
@@ -564,7 +563,7 @@ def _user_fault(e: Exception) -> bool:
     if isinstance(e, FileNotFoundError):
         return True
     from .config import ConfigError
-    from .train._checkpoint import CorruptCheckpoint
+    from .train import CorruptCheckpoint
 
     return isinstance(e, (ConfigError, CorruptCheckpoint))
 
@@ -572,7 +571,7 @@ def _user_fault(e: Exception) -> bool:
 def _import_hint(e: Exception) -> str:
     """For an attention name the registry does not know: how to register one's own."""
     msg = str(e)
-    if "model.attention" in msg and "is not one of" in msg:
+    if msg.startswith(("model.attention:", "model.attention.name:")) and "is not one of" in msg:
         return (" If it is your own attention, import the module that registers it: "
                 "`spinformer run CONFIG --import my_attention.py` (or a dotted module name).")
     return ""

@@ -8,15 +8,16 @@ command line's `--set a.b=v` (read as YAML scalars) on top of a file.
 ```python
 cfg = load_config("configs/quickstart.yaml", overrides=["train.steps=200"])
 cfg.train.steps  # 200
-cfg.replace({"train.steps": 5, "model.spin.update": "mean_field"}).train.steps  # 5
+cfg.replace({"train.steps": 5, "model.attention.update": "mean_field"}).train.steps  # 5
 ```
 
-The model section holds the options of its attention as a sub-section named after it
-(`model.spin`, `model.boltzmann`, ...): each attention module declares its own config
-dataclass with `spinformer.nn.register_attention`, and every `ModelConfig` reads the registry
-when it is made. A solver, an adjoint or an algorithm (`option(..., kind=...)`) is an object
-in its section; a file writes its registered name, or a mapping of its name and the fields
-of its class (`solver: {name: picard, damping: 0.3}`), and reading builds the object.
+Every choice that carries settings is an object of a registered class: the attention
+(`model.attention`, its settings class declared with `spinformer.nn.register_attention`),
+the pooling head (`model.pool`), a solver, an adjoint, an update rule
+(`option(..., kind=...)`). A file writes its registered name, or a mapping of its name and
+the fields of its class (`attention: {name: spin, beta: 2.0}`,
+`solver: {name: picard, damping: 0.3}`), and reading builds the object. A key that only
+some tasks read (`option(..., tasks=...)`) is left out of another task's `config.yaml`.
 `keys(section)` lists a section's keys with their defaults, meanings and choices
 (`keys(obj, kind)` an object's); this module is also the one walk of the schema that reading,
 `--set`, `describe` and the tests use.
@@ -25,18 +26,14 @@ of its class (`solver: {name: picard, damping: 0.3}`), and reading builds the ob
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
-import re
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 import yaml
 
 from . import _schema
-from ._schema import ConfigError, option
+from ._schema import ConfigError, Key, option, parse_overrides, read_yaml
 from .nn import _image, _pair
 
 __all__ = [
@@ -73,6 +70,12 @@ def _at_least(section, minimum, *names: str) -> None:
         _need(value is None or value >= minimum, f"{name}={value} must be >= {minimum}.")
 
 
+# the data.task values that read a key (`option(..., tasks=...)`)
+_IMAGES = ("fashion_mnist", "digits")
+_PAIRS = ("nli", "snli")
+_SEQUENCES = ("brackets", "chars", "nli", "snli")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     task: str = _f("brackets", "which dataset: brackets (Dyck-1 matching), chars "
@@ -81,49 +84,49 @@ class DataConfig:
                    "(IDX files; the Debian package dataset-fashion-mnist or data.path) or "
                    "digits (scikit-learn's 8x8 digits)",
                    ("brackets", "chars", "nli", "snli", "fashion_mnist", "digits"))
-    seq_len: int = _f(12, "sequence length T (tokens per example)")
+    seq_len: int = _f(12, "sequence length T (tokens per example)", tasks=_SEQUENCES)
     batch_size: int = _f(32, "examples per training batch")
     path: str = _f("shakespeare", "chars: a text file, or a fetched dataset name "
                    "(`spinformer data fetch shakespeare`, or `english`); snli: the data directory; "
                    "fashion_mnist: a directory of MNIST-format IDX files (the default value "
-                   "means the Debian package's /usr/share/datasets/fashion-mnist)")
+                   "means the Debian package's /usr/share/datasets/fashion-mnist)", tasks=("chars", "snli", "fashion_mnist"))
     max_chars: Optional[int] = _f(None, "chars only: use only the first max_chars characters "
-                                  "of the text (null: all)")
+                                  "of the text (null: all)", tasks=("chars",))
     val_fraction: float = _f(0.1, "chars only: the last fraction of the text held out for "
-                             "validation (before the test split, if any)")
+                             "validation (before the test split, if any)", tasks=("chars",))
     test_fraction: float = _f(0.0, "chars only: the last fraction of the text held out as the "
                               "test split, never trained on (0: none; the fetched english "
-                              "corpus is laid out for 0.05 with val_fraction 0.05)")
+                              "corpus is laid out for 0.05 with val_fraction 0.05)", tasks=("chars",))
     distractors: int = _f(0, "nli only: irrelevant modifiers inserted into each sentence "
-                          "(difficulty; labels unchanged)")
+                          "(difficulty; labels unchanged)", tasks=("nli",))
     held_out: bool = _f(True, "nli only: val/test use words and templates never seen in "
-                        "training")
+                        "training", tasks=("nli",))
     phenomena: str = _f("negation,quantifier,order,lexical", "nli only: comma-separated "
                         "phenomena the pairs test (negation, quantifier, order, lexical); "
-                        "without order every pair fits in 13 tokens")
+                        "without order every pair fits in 13 tokens", tasks=("nli",))
     max_vocab: int = _f(20000, "snli only: the most frequent training words kept (others "
-                        "become [UNK])")
+                        "become [UNK])", tasks=("snli",))
     max_examples: Optional[int] = _f(None, "snli only: use only the first max_examples "
-                                     "training pairs (null: all)")
+                                     "training pairs (null: all)", tasks=("snli",))
     val_size: int = _f(5000, "fashion_mnist only: the last val_size training images are "
-                       "held out for validation (the test split is the t10k file)")
+                       "held out for validation (the test split is the t10k file)", tasks=("fashion_mnist",))
     max_train: Optional[int] = _f(None, "images only: use only the first max_train training "
-                                  "images (null: all)")
+                                  "images (null: all)", tasks=("fashion_mnist",))
     corrupt: Optional[str] = _f(None, "images only: reconstruct images corrupted this way "
                                 "instead of classifying them: mask (a fraction "
                                 "data.mask_fraction of the pixels set to 0) or noise (Gaussian "
                                 "noise of variance data.noise_variance); the loss is the mean "
                                 "squared error per pixel (null: classification)",
-                                choices=(None, "mask", "noise"))
-    mask_fraction: float = _f(0.3, "corrupt=mask only: the fraction of pixels masked")
-    noise_variance: float = _f(0.7, "corrupt=noise only: the variance of the added noise")
+                                choices=(None, "mask", "noise"), tasks=_IMAGES)
+    mask_fraction: float = _f(0.3, "corrupt=mask only: the fraction of pixels masked", tasks=_IMAGES)
+    noise_variance: float = _f(0.7, "corrupt=noise only: the variance of the added noise", tasks=_IMAGES)
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
     stream: bool = _f(False, "chars only: read the text in order as batch_size contiguous "
                       "streams, batch i holding chunk i of every stream, and carry the "
                       "attention's state from one batch to the next (truncated "
                       "backpropagation through time; needs model.attention=spin with "
-                      "model.spin.mode=steps and model.spin.init=carried)")
+                      "model.attention.mode=steps and model.attention.init=carried)", tasks=("chars",))
 
     def __post_init__(self):
         _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
@@ -144,113 +147,48 @@ class DataConfig:
 def _attention_help() -> str:
     regs = _schema.registrations()
     described = ", ".join(f"{r.name} ({r.help})" if r.help else r.name for r in regs)
-    return f"attention mechanism: {described}"
-
-
-def _section_help(name: str) -> str:
-    return f"options of {name} attention (used only by attention={name})"
+    return f"the attention and its settings (a name, or {{name: ..., <setting>: ...}}): {described}"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model: the attention, the sizes, and one section of options per registered
-    attention that declares a config (`model.spin`, `model.boltzmann`, ...).
+    """The model: the attention with its settings, the sizes, and the task's head.
 
-    The attention sections are read from the registry (`spinformer.nn.register_attention`)
-    whenever a `ModelConfig` is made, so an attention registered after this module was
-    imported has its section at once. They are reached as attributes (`cfg.model.spin`) or
-    with `section(name)`; in Python, pass them as `ModelConfig(sections={"spin":
-    SpinConfig(beta=3.0)})` (a section not given takes its defaults).
+    `attention` holds the settings object of a registered attention
+    (`spinformer.nn.register_attention`: `SpinConfig`, `BoltzmannConfig`, ...); in Python,
+    `ModelConfig(attention=SpinConfig(beta=3.0))`, in a file `attention: {name: spin,
+    beta: 3.0}`. `spinformer.nn.get_attention(cfg.model.attention)` is its registration.
     """
 
-    attention: str = dataclasses.field(
-        default_factory=lambda: _schema.default_attention(),
-        metadata={"help": _attention_help, "choices": _schema.attention_names})
+    attention: Any = dataclasses.field(
+        default_factory=lambda: _schema.get_attention(_schema.default_attention()).config(),
+        metadata={"help": _attention_help, "kind": "attention",
+                  "choices": _schema.attention_names})
     dim: int = _f(32, "model width D")
     depth: int = _f(1, "number of blocks")
     num_heads: int = _f(1, "attention heads per block (D must be divisible by it)")
     ffn_hidden: int = _f(64, "hidden width of each block's feed-forward network (0: none)")
     dropout: float = _f(0.0, "dropout rate on the residual branches")
-    pool: _pair.Pool = _f("mean", "pair classification (nli, snli) only: how the encoded "
-                          "pair becomes one vector: mean (of the tokens), cls (first token) or "
-                          "ngt (the NeuroGame paper's pooled game head, options from "
-                          "model.neurogame)")
+    pool: Any = _f(_pair.MeanPool(), "pair classification only: how the encoded pair becomes "
+                   "one vector: mean (of the tokens), cls (first token) or neurogame (the "
+                   "NeuroGame paper's pooled game head, with NeuroGame attention's settings: "
+                   "{name: neurogame, estimator: exact, ...})", kind="pool", tasks=_PAIRS)
     embed: _image.ImageEmbed = _f("conv", "images only: conv (two conv+pool stages to a grid "
                                   "of sites, as in the Deep Implicit Attention post; images >= "
-                                  "16x16) or patch (linear embedding of patch x patch patches)")
-    patch: int = _f(4, "images, embed=patch only: patch side in pixels")
-    conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions")
+                                  "16x16) or patch (linear embedding of patch x patch patches)",
+                                  tasks=_IMAGES)
+    patch: int = _f(4, "images, embed=patch only: patch side in pixels", tasks=_IMAGES)
+    conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions", tasks=_IMAGES)
     residual: bool = _f(True, "images only: wrap each attention in a pre-norm residual block "
                         "with FFN (false: the attentions alone, one after the other, as a DEQ "
-                        "layer)")
-    positions: bool = _f(True, "images only: learned position embedding of the sites")
-    # (name, section) of the attentions this model uses that declare a config: the chosen
-    # attention's and, with pool=ngt, the NeuroGame head's; not a YAML key: the sections
-    # appear as `model.<name>`
-    sections: tuple = dataclasses.field(default=(), metadata={"sections": True})
+                        "layer)", tasks=_IMAGES)
+    positions: bool = _f(True, "images only: learned position embedding of the sites", tasks=_IMAGES)
 
     def __post_init__(self):
+        if isinstance(self.attention, str):  # a name: its default settings
+            object.__setattr__(self, "attention", _schema.choice("attention", self.attention,
+                                                                 where="attention"))
         _check_model(self)
-        given = dict(self.sections)
-        regs = {r.name: r for r in _schema.registrations() if r.config is not None}
-        used = [name for name in _used_sections(self) if name in regs]
-        for name in sorted(set(given) - set(used)):
-            if name not in regs:
-                raise ConfigError(f"{name}: attention {name!r} declares no config section.")
-            default = _flat(to_dict(regs[name].config()))
-            changed = ", ".join(f"model.{name}.{k}={v!r}" for k, v in
-                                _flat(to_dict(given[name])).items() if default.get(k) != v)
-            changed = f" ({changed})" if changed else ""
-            raise ConfigError(f"{name}: options of {name} attention{changed}, but "
-                              f"model.attention is {self.attention}; remove the section, or "
-                              f"set model.attention={name}.")
-        for name, section in given.items():
-            if not isinstance(section, regs[name].config):
-                raise ConfigError(f"{name}: expected a {regs[name].config.__name__}, got "
-                                  f"{type(section).__name__}.")
-        object.__setattr__(self, "sections", tuple(
-            (name, given[name] if name in given else regs[name].config()) for name in used))
-
-    def __getattr__(self, name: str):
-        # reached only when ordinary lookup fails: the attention sections
-        if name.startswith("__"):
-            raise AttributeError(name)
-        try:
-            sections = object.__getattribute__(self, "sections")
-        except AttributeError:
-            raise AttributeError(name) from None
-        for key, section in sections:
-            if key == name:
-                return section
-        raise AttributeError(f"ModelConfig has no field or attention section {name!r}.")
-
-    @staticmethod
-    def _open_sections():
-        """`(name, section class, help)` of every registered attention with a config: the
-        keys `model.<name>` beside the fields (read by `keys`)."""
-        return tuple((r.name, r.config, _section_help(r.name))
-                     for r in _schema.registrations() if r.config is not None)
-
-    def section(self, name: Optional[str] = None):
-        """The options section of attention `name` (default: `self.attention`), or None when
-        that attention declares no config."""
-        return dict(self.sections).get(self.attention if name is None else name)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    """A nested dict as `{dotted key: value}`."""
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
-
-
-def _used_sections(model) -> list[str]:
-    """The attentions whose sections `model` reads: its attention and its pooled head's."""
-    from .nn import pool_attention
-
-    head = pool_attention(model.pool)
-    return [model.attention] + ([head.name] if head and head.name != model.attention else [])
 
 
 def _check_model(self):
@@ -260,11 +198,15 @@ def _check_model(self):
         raise ConfigError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}.")
     try:
         reg = _schema.get_attention(self.attention)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise ConfigError(f"attention: {e}") from None
+    if reg.config is None or type(self.attention) is not reg.config:
+        raise ConfigError(f"attention: expected the settings object of a registered attention "
+                          f"(e.g. {reg.name}: {getattr(reg.config, '__name__', '?')}(...)), got "
+                          f"{self.attention!r}.")
     least = reg.min_head_dim
     if self.dim // self.num_heads < least:
-        raise ConfigError(f"{self.attention} attention needs a head width dim/num_heads >= "
+        raise ConfigError(f"{reg.name} attention needs a head width dim/num_heads >= "
                           f"{least}; got {self.dim // self.num_heads}.")
     if not 0.0 <= self.dropout < 1.0:
         raise ConfigError(f"dropout={self.dropout} must be in [0, 1).")
@@ -367,19 +309,28 @@ class Config:
 
     def __post_init__(self):
         # checks across sections (a section's own are in its `__post_init__`)
+        for name in ("data", "model"):  # a key another task reads keeps its default
+            section, task = getattr(self, name), self.data.task
+            for f in dataclasses.fields(section):
+                tasks = f.metadata.get("tasks", (task,))
+                if task not in tasks and getattr(section, f.name) != _schema.default_of(f):
+                    raise ConfigError(
+                        f"{name}.{f.name}={_schema.word(getattr(section, f.name), f)!r} is read "
+                        f"only by data.task {' or '.join(tasks)}; this config's "
+                        f"data.task is {task}: remove the key, or change data.task.")
         if self.data.stream:  # a state carried from batch to batch
+            reg, settings = _schema.get_attention(self.model.attention), self.model.attention
             when = lambda r: " and ".join(  # noqa: E731
-                f"model.{r.name}.{k}={v}" for k, v in r.carries_state.items())
-            reg, section = _schema.get_attention(self.model.attention), self.model.section()
-            if not reg.carries_state or any(getattr(section, k) != v
+                f"model.attention.{k}={v}" for k, v in r.carries_state.items())
+            if not reg.carries_state or any(getattr(settings, k) != v
                                             for k, v in reg.carries_state.items()):
                 able = [f"model.attention={r.name} with {when(r)}"
                         for r in _schema.registrations() if r.carries_state]
                 raise ConfigError(
                     "data.stream=true carries the attention's state from one batch to the "
                     f"next: it needs {' or '.join(able) or 'an attention that carries state'}"
-                    f"; got model.attention={self.model.attention}"
-                    + "".join(f", model.{reg.name}.{k}={getattr(section, k)}"
+                    f"; got model.attention={reg.name}"
+                    + "".join(f", model.attention.{k}={getattr(settings, k)}"
                               for k in reg.carries_state or {}) + ".")
         _need(not self.train.local_losses or self.data.task in ("brackets", "chars"),
               "train.local_losses=true trains each layer on its own per-position readout: it "
@@ -392,402 +343,35 @@ class Config:
         **Arguments:**
 
         - `changes`: a mapping of dotted keys to Python values, e.g.
-          `cfg.replace({"train.steps": 5, "model.boltzmann.mode": "h"})`.
+          `cfg.replace({"train.steps": 5, "model.attention.mode": "h"})`.
 
         **Returns:** a new frozen `Config`. Raises `ConfigError` naming any bad key or value.
         """
         return _build(to_dict(self), dict(changes))
 
 
-# ------------------------------------------------ reading and writing sections (the schema walk)
-
-# integers are sizes, counts and seeds, used as int32 by JAX (a larger seed would be
-# silently truncated to 32 bits)
-_INT_LIMIT = 2**31
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key of a config section or of an object in it, as `keys` lists it.
-
-    **Fields:** `name`; `type` (a Python type, `Optional[...]`, a section's dataclass, or an
-    object's annotation); `default` (a section's dataclass for a section, the object for an
-    object); `help` (one line); `choices` (the allowed values, or None); `kind` (for a key
-    that holds an object: its kind in the name table, e.g. `"solver"`).
-    """
-
-    name: str
-    type: Any
-    default: Any
-    help: str
-    choices: Optional[tuple] = None
-    kind: Optional[str] = None
-
-    @property
-    def is_section(self) -> bool:
-        """Whether keys lie below this one: a section, or an object whose class has fields
-        (an object without fields is a value: its name)."""
-        if self.kind is None:
-            return dataclasses.is_dataclass(self.type)
-        return self.default is not None and len(_keys(self.default, self.kind)) > 1
-
-    def schema(self):
-        """What the keys below this one are read from: the section class, or the object."""
-        return self.type if self.kind is None else self.default
-
-
-def _doc_help(cls: type, name: str) -> str:
-    """The first sentence of the bullet "- `name`: ..." in the docstrings of `cls` and its
-    bases (the one place an object's fields are described), or ""."""
-    for klass in cls.__mro__:
-        for bullet in re.split(r"\n\s*- ", klass.__doc__ or "")[1:]:
-            head, _, text = bullet.partition(":")
-            if f"`{name}`" in head and head.startswith("`"):
-                text = " ".join(text.split())
-                return text.split(". ")[0].rstrip(".")
-    return ""
-
-
-def _scalar(tp) -> bool:
-    tp = _unwrap_optional(tp)[0]
-    return tp in (bool, int, float, str) or typing.get_origin(tp) is typing.Literal
-
-
-def _key(name, tp, default, help_, choices=None, kind=None) -> Key:
-    if choices is None and typing.get_origin(_unwrap_optional(tp)[0]) is typing.Literal:
-        choices = typing.get_args(_unwrap_optional(tp)[0])
-    return Key(name, tp, default, help_, tuple(choices()) if callable(choices) else choices,
-               kind)
-
-
-def _object_kind(f, value) -> Optional[str]:
-    """The kind of the object field `f` of a registered class holding `value`: its field
-    name when that is a kind (`linear_solver`), else the one kind of its value's class or of
-    its default's (`fallback: auto`); None for a field that is not an object."""
-    if _schema.choice_names(f.name):
-        return f.name
-    for v in (value, f.default):
-        found = _schema.kinds_of(type(v)) if v is not None else ()
-        if len(found) == 1:
-            return found[0]
-    return None
-
-
-def _keys(cls, kind: Optional[str] = None) -> dict[str, Key]:
-    """The keys of a config section class, or (`kind` given) of object `cls` of that kind,
-    in order. For a section: its fields and, for `ModelConfig`, the section of every
-    registered attention that declares one (read from the registry now); a field declared
-    with `kind=` holds an object. For an object: `name` (its config word), then the fields
-    of its class that a config can write: numbers, strings, flags and nested objects, with
-    this object's values as defaults and the help from its class's docstring."""
-    if kind is not None:
-        obj, hints = cls, typing.get_type_hints(type(cls))
-        out = {"name": Key("name", str, _schema.name_of(kind, obj),
-                           f"which {kind} (a registered name)", _schema.choice_names(kind))}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            sub = None if _scalar(hints[f.name]) else _object_kind(f, value)
-            if f.init and (sub or _scalar(hints[f.name])):
-                out[f.name] = _key(f.name, hints[f.name], value, _doc_help(type(obj), f.name),
-                                   kind=sub)
-        return out
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("sections"):
-            continue
-        default = (f.default if f.default is not dataclasses.MISSING
-                   else hints[f.name] if dataclasses.is_dataclass(hints[f.name])
-                   else f.default_factory())
-        help_ = f.metadata.get("help", "")
-        out[f.name] = _key(f.name, hints[f.name], default, help_() if callable(help_) else help_,
-                           f.metadata.get("choices"), f.metadata.get("kind"))
-    for name, tp, help_ in getattr(cls, "_open_sections", lambda: ())():
-        out[name] = Key(name, tp, tp, help_)
-    return out
-
-
-def _unwrap_optional(tp):
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0], True
-        return tp, type(None) in typing.get_args(tp)
-    return tp, False
-
-
-def _coerce(value, tp, where: str):
-    tp, optional = _unwrap_optional(tp)
-    if typing.get_origin(tp) is typing.Literal:  # the allowed values are checked next
-        tp = type(typing.get_args(tp)[0])
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{where}: null is not allowed; give a {tp.__name__}.")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}.")
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if not -_INT_LIMIT <= value < _INT_LIMIT:
-                raise ConfigError(f"{where}: {value} is out of range; config integers lie "
-                                  "between -2**31 and 2**31 - 1.")
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}.")
-    if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value) if abs(value) < 2**1024 else math.inf
-        elif isinstance(value, str):
-            try:
-                number = float(value)  # YAML 1.1 reads "1e-3" as a string
-            except ValueError:
-                pass
-        if number is None:
-            raise ConfigError(f"{where}: expected a number, got {value!r}.")
-        if not math.isfinite(number):
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}.")
-        return number
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}.")
-    if tp is dict:
-        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-            return dict(value)
-        raise ConfigError(f"{where}: expected a mapping such as {{data: 2}}, got {value!r}.")
-    raise ConfigError(f"{where}: unsupported field type {tp!r}.")  # pragma: no cover
-
-
-def _value(value, k: Key, where: str):
-    """A YAML value of key `k`, checked: a number, string or flag, or an object."""
-    if k.kind is not None:
-        return _object(value, k, where)
-    if isinstance(value, Mapping) and _unwrap_optional(k.type)[0] is not dict:
-        raise ConfigError(f"{where} is a value, not a section; got {value!r}.")
-    v = _coerce(value, k.type, where)
-    if k.choices is not None and v not in k.choices:
-        raise ConfigError(f"{where}: {v!r} is not one of {list(k.choices)}."
-                          f"{_schema.did_you_mean(v, k.choices)}")
-    return v
-
-
-def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
-    if prefix == "model." and key in _schema.attention_names():  # a family without settings
-        return ConfigError(f"model.{key}: {key} attention has no settings, so there is no "
-                           f"section model.{key}; `model.attention: {key}` alone chooses it "
-                           "(the model's sizes are model.dim, model.depth, model.num_heads, "
-                           "...).")
-    hint = _schema.did_you_mean(key, valid, cutoff=0.5, prefix=prefix)
-    return ConfigError(f"unknown config key {prefix + key!r}.{hint} Valid keys here: "
-                       f"{', '.join(prefix + v for v in valid)}.")
-
-
-# the mark `_set_dotted` leaves on a mapping whose `name` it changed (`--set x.name=...`)
-_RENAMED = "<renamed>"
-
-
-def _object(value, k: Key, where: str):
-    """The object of kind `k.kind` that a YAML value describes: a name, or a mapping of its
-    name (default: the name of `k.default`) and fields. The same class as the default starts
-    from the default's values; another class from its own defaults and the settings of the
-    default that it shares (a family's `tol` survives a change of solver). When an override
-    changes the name of a mapping, the settings the mapping held keep those the new class
-    shares and drop the others."""
-    default = k.default
-    if value is None:
-        if _unwrap_optional(k.type)[1]:
-            return None
-        raise ConfigError(f"{where}: null is not allowed; give a {k.kind} name.")
-    named = where if isinstance(value, str) else where + ".name"
-    if isinstance(value, str):
-        value = {"name": value}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: expected a {k.kind} name or a mapping such as "
-                          f"{{name: {_schema.choice_names(k.kind)[0]}}}, got {value!r}.")
-    value = dict(value)
-    droppable = set(value.pop(_RENAMED, ()))
-    name = value.pop("name", None if default is None else _schema.name_of(k.kind, default))
-    if name is None:
-        raise ConfigError(f"{named}: missing; one of {list(_schema.choice_names(k.kind))}.")
-    names = _schema.choice_names(k.kind)
-    if name not in names:  # as a value outside its choices
-        raise ConfigError(f"{named}: {name!r} is not one of {list(names)}."
-                          f"{_schema.did_you_mean(name, names)}")
-    base = cls = _schema.choice_class(k.kind, name)()
-    if type(default) is type(cls):
-        base = default
-    elif default is not None:
-        plain = type(default)()
-        base = _make(cls, {n: getattr(default, n) for n in _keys(default, k.kind)
-                           if n != "name" and n in _keys(cls, k.kind)
-                           and getattr(default, n) != getattr(plain, n)}, where)
-    schema = _keys(base, k.kind)
-    changes = {}
-    for n, v in value.items():
-        if n in schema:
-            changes[n] = _value(v, schema[n], f"{where}.{n}")
-        elif n not in droppable:
-            raise _unknown_key(str(n), list(schema), where + ".")
-    return _make(base, changes, where)
-
-
-def _make(obj, changes: dict, where: str):
-    """`obj` with fields changed; the class's own check of a value becomes a `ConfigError`
-    naming the key."""
-    try:
-        return dataclasses.replace(obj, **changes) if changes else obj
-    except (ValueError, TypeError) as e:  # "Cls(key=...) must be ...": the key leads
-        key = re.match(r"\w+(?:\(|: )(\w+)=", str(e))
-        key = key.group(1) if key and key.group(1) in changes else None
-        lead = f"{where}.{key}={changes[key]!r}" if key else where
-        raise ConfigError(f"{lead}: {e}") from None
-
-
-def _from_dict(raw: Optional[dict], cls, prefix: str = ""):
-    """Build `cls` (a config dataclass) from a nested dict, checking every key and type."""
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} is a section: expected a mapping "
-                          f"of its keys to values, got {raw!r}.")
-    schema = _keys(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kwargs, sections = {}, {}
-    for key, value in raw.items():
-        if key not in schema:
-            raise _unknown_key(str(key), list(schema), prefix)
-        k = schema[key]
-        if k.kind is None and k.is_section:  # a section (an object: `_value`)
-            (kwargs if key in fields else sections)[key] = _from_dict(value, k.type,
-                                                                      prefix + key + ".")
-        else:
-            kwargs[key] = _value(value, k, prefix + key)
-    if sections:
-        kwargs["sections"] = sections
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:  # a section's own checks (`__post_init__`), named by its place
-        raise ConfigError(prefix + str(e)) from None
-    except ValueError as e:  # a check of the objects it holds (`solvers.check_solver`)
-        raise ConfigError(f"{prefix.rstrip('.')}: {e}") from None
-
-
-def _plain(value, kind: Optional[str] = None):
-    """A value as YAML holds it: an object as its name, or a mapping of its name and
-    fields when its class has fields; a section as a mapping."""
-    if kind is not None and value is not None:
-        keys_ = _keys(value, kind)
-        fields = {n: _plain(getattr(value, n), k.kind) for n, k in keys_.items() if n != "name"}
-        return {"name": keys_["name"].default, **fields} if fields else keys_["name"].default
-    return dict(value) if isinstance(value, dict) else value
+# ------------------------------------------------------------- reading and writing a Config
 
 
 def to_dict(cfg) -> dict:
-    """The config as a plain nested dict (what `save_config` writes)."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.metadata.get("sections"):
-            out.update((name, to_dict(section)) for name, section in value)
-        elif dataclasses.is_dataclass(value) and "kind" not in f.metadata:
-            out[f.name] = to_dict(value)
-        else:
-            out[f.name] = _plain(value, f.metadata.get("kind"))
-    return out
+    """The config (or one of its sections) as a plain nested dict: what `save_config`
+    writes, the keys its task reads."""
+    return _schema.to_dict(cfg, cfg.data.task if isinstance(cfg, Config) else None)
 
 
-def _set_dotted(raw: dict, dotted: str, value) -> dict:
-    """`raw` (not changed) with the dotted key set; the keys are checked when it is read."""
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        return {**raw, head: value}
-    node = raw.get(head)
-    node = {"name": node} if isinstance(node, str) else {} if node is None else node
-    if not isinstance(node, dict):
-        raise ConfigError(f"{head!r} is a value, not a section; cannot set {dotted!r}.")
-    if rest == "name" and isinstance(node.get("name"), str) and node["name"] != value:
-        # the settings given for the old object may not fit the new one
-        node = {**node, _RENAMED: tuple(n for n in node if n not in ("name", _RENAMED))}
-    return {**raw, head: _set_dotted(node, rest, value)}
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """Parse `["a.b=v", ...]` (the command line's `--set`) into `{"a.b": value, ...}`, values
-    read as YAML scalars; a later key wins."""
-    out: dict[str, Any] = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.steps=200.")
-        k, v = item.split("=", 1)
-        k = k.strip()
-        if not k:
-            raise ConfigError(f"--set {item!r}: the key is empty.")
-        out[k] = yaml.safe_load(v) if v.strip() else ""
-    return out
-
-
-def _walk(schema, prefix: str = "", kind: Optional[str] = None):
-    """`(dotted key, Key)` of every key below `schema` (a section class, or an object of
-    `kind`), depth first: the one walk behind `describe` and `reference_markdown`."""
-    for k in _keys(schema, kind).values():
-        yield prefix + k.name, k
-        if k.is_section:
-            yield from _walk(k.schema(), prefix + k.name + ".", k.kind)
-
-
-def read_yaml(path) -> dict:
-    """The mapping in a YAML config file, with a `ConfigError` naming the file for a missing,
-    unreadable, non-UTF-8 or non-YAML one, or one whose top level is not a mapping."""
-    p = pathlib.Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {str(p)!r} not found; `spinformer list` shows the "
-                          "shipped configs.")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except IsADirectoryError:
-        raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file.") from None
-    except OSError as e:
-        raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror or e})."
-                          ) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} at "
-                          f"offset {e.start}); a config is a YAML text.") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from e
-    if raw is None:  # an empty file would silently train every default
-        raise ConfigError(f"{p}: the file is empty; a config names at least its data, model "
-                          "or train settings (start from a shipped one: `spinformer list`).")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of sections.")
-    if "experiment" in raw:
-        raise ConfigError(f"{p}: an experiment config (experiment: {raw['experiment']}), "
-                          f"not a training run; run it with `python experiments/"
-                          f"{raw['experiment']}.py all --config {p}`.")
-    return raw
-
-
-# ----------------------------------------------------------------- the machinery, on Config
-
-
-def keys(cls=None, kind: Optional[str] = None) -> dict[str, Key]:
+def keys(cls=None, kind: Optional[str] = None) -> dict[str, _schema.Key]:
     """The keys of a config section class (default: the whole `Config`), in order: its
     fields and, for `ModelConfig`, the section of every registered attention that declares
     one (read from the registry now). With `kind`: the keys of object `cls` of that kind
     (its `name`, then the fields of its class that a config can write); a key holding an
     object gives it as `Key.schema()` and its kind as `Key.kind`."""
-    return _keys(Config if cls is None else cls, kind)
+    return _schema.keys(Config if cls is None else cls, kind)
 
 
 def from_dict(raw: Optional[dict], cls=None, prefix: str = ""):
     """Build `cls` (a config dataclass; default `Config`) from a nested dict, checking every
     key and type."""
-    return _from_dict(raw, Config if cls is None else cls, prefix)
+    return _schema.read(raw, Config if cls is None else cls, prefix)
 
 
 def reference_markdown(cls=None) -> str:
@@ -801,18 +385,18 @@ def reference_markdown(cls=None) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
     kinds = []
-    for dotted, k in _walk(Config if cls is None else cls):
+    for dotted, k in _schema.walk(Config if cls is None else cls):
         kinds += [k.kind] if k.kind and k.kind not in kinds else []
         if k.is_section:
             rows.append(f"| **`{dotted}`** | | | {cell(k.help)} |")
         else:
             choices = ", ".join(f"`{c}`" for c in k.choices) if k.choices else ""
-            rows.append(f"| `{dotted}` | `{_plain(k.default, k.kind)!r}` | {cell(choices)} | "
+            rows.append(f"| `{dotted}` | `{_schema.plain(k.default, k.kind)!r}` | {cell(choices)} | "
                         f"{cell(k.help)} |")
     for kind in kinds:  # what another name than the default brings: its class's keys
         objs = {name: _schema.choice_class(kind, name)() for name in _schema.choice_names(kind)}
-        keys_ = {name: ", ".join(f"`{n}: {_plain(getattr(obj, n), k.kind)!r}`"
-                                 for n, k in _keys(obj, kind).items() if n != "name")
+        keys_ = {name: ", ".join(f"`{n}: {_schema.plain(getattr(obj, n), k.kind)!r}`"
+                                 for n, k in _schema.keys(obj, kind).items() if n != "name")
                  for name, obj in objs.items()}
         if any(keys_.values()):
             rows += ["", f"`{kind}`: the names such a key takes, each with the keys of its "
@@ -821,24 +405,23 @@ def reference_markdown(cls=None) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _walk_values(obj, prefix: str = "", kind: Optional[str] = None):
+def _walk_values(obj, prefix: str = "", kind: Optional[str] = None,
+                 task: Optional[str] = None):
     """`(dotted key, Key)` of every key a config instance (a section, or an object of
     `kind`) holds, with the instance's values as the keys' defaults: what its `config.yaml`
     writes, in that order."""
-    for k in _keys(obj if kind is not None else type(obj), kind).values():
+    task = obj.data.task if isinstance(obj, Config) else task
+    fields = {} if kind is not None else {f.name: f for f in dataclasses.fields(obj)}
+    for k in _schema.keys(obj if kind is not None else type(obj), kind).values():
         if kind is None:
-            if isinstance(obj, ModelConfig) and k.name not in obj.__dataclass_fields__:
-                value = obj.section(k.name)  # an attention's section: only those it uses
-                if value is None:
-                    continue
-            else:
-                value = getattr(obj, k.name)
-            k = dataclasses.replace(k, default=value)
+            if not _schema.used(fields[k.name], task):
+                continue
+            k = dataclasses.replace(k, default=getattr(obj, k.name))
         yield prefix + k.name, k
         if k.kind is not None and k.is_section:
             yield from _walk_values(k.default, prefix + k.name + ".", k.kind)
         elif k.kind is None and dataclasses.is_dataclass(k.default):
-            yield from _walk_values(k.default, prefix + k.name + ".")
+            yield from _walk_values(k.default, prefix + k.name + ".", task=task)
 
 
 def describe(cls=None, prefix: str = "") -> str:
@@ -846,11 +429,11 @@ def describe(cls=None, prefix: str = "") -> str:
     whole `Config`). Given a config instance (`load_config(...)`) instead of a class: the
     keys it holds, with its values (`spinformer show CONFIG`)."""
     if cls is None or isinstance(cls, type):
-        walk = _walk(Config if cls is None else cls, prefix)
+        walk = _schema.walk(Config if cls is None else cls, prefix)
     else:
         walk = _walk_values(cls, prefix)
     return "\n".join(f"{dotted}:  # {k.help}" if k.is_section else
-                     f"{dotted} = {_plain(k.default, k.kind)!r}  # {k.help}"
+                     f"{dotted} = {_schema.plain(k.default, k.kind)!r}  # {k.help}"
                      for dotted, k in walk)
 
 
@@ -874,19 +457,34 @@ def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional
 
 def _build(raw: dict, changes: dict) -> Config:
     """`Config` from a YAML mapping and dotted changes (the one place where changes are
-    applied: `Config.replace` and `load_config`'s overrides both come here). A change of
-    `model.attention` leaves the previous attention's section behind (the section belongs to
-    its attention: a spin config run with `--set model.attention=softmax` is a softmax
-    run)."""
-    model = raw.get("model")
-    new = changes.get("model.attention")
-    if new is not None and isinstance(model, dict):
-        old = model.get("attention", _schema.default_attention())
-        if old != new and old in model:
-            raw = {**raw, "model": {k: v for k, v in model.items() if k != old}}
+    applied: `Config.replace` and `load_config`'s overrides both come here). The settings of
+    an attention or a pooling head belong to it: a change of its name starts from the new
+    one's defaults (a spin config run with `--set model.attention=boltzmann` is a default
+    Boltzmann run), and naming the one it has keeps its settings. Likewise a change of
+    `data.task` leaves behind the keys that only the old task reads."""
+    changes = dict(changes)
+    task = changes.get("data.task")
+    if isinstance(task, str) and isinstance(raw.get("data"), dict) and task != raw["data"].get(
+            "task", _schema.default_of(DataConfig.__dataclass_fields__["task"])):
+        for section, cls in (("data", DataConfig), ("model", ModelConfig)):
+            fields = cls.__dataclass_fields__
+            if isinstance(raw.get(section), dict):
+                raw = {**raw, section: {k: v for k, v in raw[section].items()
+                                        if k not in fields or _schema.used(fields[k], task)}}
+    for section, field in (("model", "attention"), ("model", "pool")):
+        node = raw.get(section, {}).get(field) if isinstance(raw.get(section), dict) else None
+        for key in (f"{section}.{field}", f"{section}.{field}.name"):
+            new = changes.get(key)
+            old = node.get("name") if isinstance(node, Mapping) else node
+            if node is None or not isinstance(new, str):
+                continue
+            if new == old:
+                del changes[key]
+            else:
+                raw = {**raw, section: {k: v for k, v in raw[section].items() if k != field}}
     for k, v in changes.items():
-        raw = _set_dotted(raw, k, v)
-    return _from_dict(raw, Config)
+        raw = _schema.set_dotted(raw, k, v)
+    return _schema.read(raw, Config)
 
 
 def save_config(cfg: Config, path: Union[str, pathlib.Path]) -> None:

@@ -32,8 +32,9 @@ if os.environ.get("SPINFORMER_TEST_OPTIMIZED", "") in ("", "0"):
 # another process is writing it does not decompress, and JAX then warns and compiles. A
 # fresh directory per run (made by the controlling process, inherited by the workers
 # through the environment, removed at its end), so a run's time always includes its
-# compiles (measured on 2026-11-27, quiet, 2 workers: 15 min 54 s without, 14 min 43 s
-# with). SPINFORMER_TEST_CACHE=0 turns it off.
+# compiles (measured on 2026-11-27, quiet, 2 workers: the default run 71 s shorter with
+# it; docs/project.md, "Contributing", states how long the run takes).
+# SPINFORMER_TEST_CACHE=0 turns it off.
 _CACHE_OWNER = False
 if (os.environ.get("SPINFORMER_TEST_CACHE", "") not in ("0",)
         and "JAX_COMPILATION_CACHE_DIR" not in os.environ):

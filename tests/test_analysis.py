@@ -133,7 +133,7 @@ def test_diagnose_command(tmp_path, capsys):
         "train.steps=3", "train.log_every=1", "train.eval_every=3", "train.checkpoint_every=3",
         "train.warmup_steps=1", "train.progress=false", "data.batch_size=3",
         "data.eval_batches=1", "data.seq_len=8", "model.dim=8", "model.num_heads=2",
-        "model.depth=2", "model.ffn_hidden=8", "model.spin.solver.max_steps=8",
+        "model.depth=2", "model.ffn_hidden=8", "model.attention.solver.max_steps=8",
     ])
     run = tmp_path / "run"
     train.run(cfg, run, progress=False)

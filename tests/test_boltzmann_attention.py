@@ -428,8 +428,8 @@ def test_straight_through_gradient(getkey, x64):
 def _experiment():
     """A bracket-matching Tagger with hJK Boltzmann attention, built from a config (shared by
     the config, parameter-group and training tests: building a model costs seconds)."""
-    sets = ["model.attention=boltzmann", "model.boltzmann.mode=hJK",
-            "model.boltzmann.init_scale=0.3",
+    sets = ["model.attention=boltzmann", "model.attention.mode=hJK",
+            "model.attention.init_scale=0.3",
             "data.seq_len=8", "data.batch_size=16", "model.dim=16", "model.num_heads=2",
             "model.ffn_hidden=16", "train.coupling_weight_decay=0.25"]
     cfg = C.load_config(None, overrides=sets)
@@ -446,29 +446,29 @@ def test_config_builds_boltzmann_model():
     assert attn.inference == _boltzmann.ExactInference() and attn.causal and attn.max_len == 8
     # a sampler's settings are keys of the sampler (structure only: nothing runs)
     reg = nn.get_attention("boltzmann")
-    section = cfg.replace({"model.boltzmann.inference.name": "gibbs",
-                           "model.boltzmann.inference.num_samples": 77}).model.boltzmann
+    section = cfg.replace({"model.attention.inference.name": "gibbs",
+                           "model.attention.inference.num_samples": 77}).model.attention
     sampled = eqx.filter_eval_shape(lambda: nn.BoltzmannAttention(
         16, 2, True, max_len=8, key=jax.random.key(0), **reg.kwargs_from(section)))
     assert sampled.inference == _boltzmann.Gibbs(num_samples=77, burn_in=32)
-    with pytest.raises(C.ConfigError, match=r"model.boltzmann.inference.num_samples=0: Gibbs: "
+    with pytest.raises(C.ConfigError, match=r"model.attention.inference.num_samples=0: Gibbs: "
                        r"num_samples=0 must be an int >= 1"):
-        cfg.replace({"model.boltzmann.inference": {"name": "gibbs", "num_samples": 0}})
+        cfg.replace({"model.attention.inference": {"name": "gibbs", "num_samples": 0}})
     assert attn.J.shape == (1, 2, 8, 8) and attn.K.shape == (1, 2, 8, 8, 8)  # (depth, H, ...)
     J = np.asarray(attn.J[0])
     np.testing.assert_allclose(J, np.swapaxes(J, -1, -2))
     assert np.all(np.diagonal(J, axis1=-2, axis2=-1) == 0) and 0.1 < J[J != 0].std() < 0.4
 
     modes = re.escape(str(["softmax", "hJ", "h", "J", "hK", "hJK", "JK", "K"]))
-    with pytest.raises(C.ConfigError, match=r"model\.boltzmann\.mode: 'xx' is not one of "
+    with pytest.raises(C.ConfigError, match=r"model\.attention\.mode: 'xx' is not one of "
                        + modes):
-        C.load_config(None, overrides=["model.attention=boltzmann", "model.boltzmann.mode=xx"])
-    with pytest.raises(C.ConfigError, match=r"model\.boltzmann\.inference: 'magic'.*'tap'"):
+        C.load_config(None, overrides=["model.attention=boltzmann", "model.attention.mode=xx"])
+    with pytest.raises(C.ConfigError, match=r"model\.attention\.inference: 'magic'.*'tap'"):
         C.load_config(None, overrides=["model.attention=boltzmann",
-                                       "model.boltzmann.inference=magic"])
+                                       "model.attention.inference=magic"])
     with pytest.raises(C.ConfigError, match=r"init_scale=-1.0 must be >= 0"):
         C.load_config(None, overrides=["model.attention=boltzmann",
-                                       "model.boltzmann.init_scale=-1"])
+                                       "model.attention.init_scale=-1"])
 
 
 def test_param_labels_and_coupling_weight_decay():

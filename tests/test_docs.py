@@ -133,7 +133,7 @@ def test_notebooks_rendered_with_their_figures(site):
 OWN_ATTENTION_CHECKS = """
 # the map contracts: at the fixed point of any instance, with sharp (scaled-up) scores too,
 # the Jacobian of m -> tanh(beta (x + A m)) has absolute row sums <= beta/2 < 1
-beta = cfg.model.mine.beta
+beta = cfg.model.attention.beta
 assert beta < 2, beta
 for seed, scale in [(0, 1.0), (1, 10.0), (2, 100.0)]:
     kx, ka = jax.random.split(jax.random.key(seed))

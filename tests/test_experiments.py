@@ -39,7 +39,7 @@ def test_boltzmann_ablation_quick(tmp_path, monkeypatch):
     # the variant trains mode hJ with the couplings' learning rate raised to the main one
     base = load_config(runs / "brackets_T4_ffn0_hJ_s0" / "config.yaml")
     fast = load_config(runs / "brackets_T4_ffn0_hJlr_s0" / "config.yaml")
-    assert fast.model.boltzmann.mode == "hJ"
+    assert fast.model.attention.mode == "hJ"
     assert fast.train.coupling_lr == fast.train.lr > base.train.coupling_lr
 
     table = (results / "ablation.md").read_text()
@@ -88,12 +88,13 @@ def test_ngt_nli_plan_and_configs():
         assert (cfg.model.dim, cfg.train.steps, cfg.data.task) == (
             base.model.dim, base.train.steps, base.data.task)  # equal width and budget
         if name.startswith("ngt") or name.startswith("short"):
-            assert cfg.model.neurogame.adjoint == (
+            games = cfg.model.attention if name == "ngt_query" else cfg.model.pool
+            assert games.adjoint == (
                 solvers.Implicit(rtol=1e-4) if name == "ngt_implicit" else solvers.Unrolled())
-    assert ngt.config_for("ngt_lambda0", 0, False).model.neurogame.gate == "banzhaf"
-    assert ngt.config_for("ngt_query", 0, False).model.attention == "neurogame"
+    assert ngt.config_for("ngt_lambda0", 0, False).model.pool.gate == "banzhaf"
+    assert ngt.config_for("ngt_query", 0, False).model.attention.name == "neurogame"
     short = ngt.config_for("short_exact", 0, False)
-    assert short.data.seq_len == 13 and str(short.model.neurogame.estimator) == "exact"
+    assert short.data.seq_len == 13 and str(short.model.pool.estimator) == "exact"
     assert ngt.usable("short_exact", short)
     assert not ngt.usable("short_exact", short.replace({"data.seq_len": 32}))  # > 16 slots
     assert sf.train.build_dataset(short).seq_len == 13  # every pair of the subset fits
@@ -111,7 +112,7 @@ def test_ngt_nli_quick(tmp_path, monkeypatch):
               "--results", str(results)])
     assert len(list(runs.glob("*/test.json"))) == 6
     cfg = load_config(runs / "ngt_noJ_s1" / "config.yaml")
-    assert cfg.model.pool == "ngt" and not cfg.model.neurogame.interactions
+    assert cfg.model.pool.name == "neurogame" and not cfg.model.pool.interactions
     assert cfg.train.seed == cfg.data.seed == 1
     table = (results / "nli.md").read_text()
     assert "| ngt_noJ |" in table and "(n=2)" in table
@@ -156,7 +157,7 @@ def test_spin_lm_runs_resumes_and_reports(tmp_path, monkeypatch):
     assert len(list((runs / "quickstart").glob("*/summary.json"))) == 4
     study.main(["run", *args])  # finished runs are skipped, not retrained or refused
     cfg = load_config(runs / "quickstart" / "steps2_s1" / "config.yaml")
-    assert (cfg.model.spin.mode, cfg.model.spin.num_steps, cfg.train.seed) == ("steps", 2, 1)
+    assert (cfg.model.attention.mode, cfg.model.attention.num_steps, cfg.train.seed) == ("steps", 2, 1)
     table = (results / "quickstart.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| steps2 |"))
     assert row.count("±") == 2 and "| 2 |" in row  # mean ± std, and a paired gap over 2 seeds
@@ -193,7 +194,7 @@ def test_zoo_plan_every_cell_builds_or_says_why():
         assert abs(cell.params / ref - 1) < 0.02 or "larger than softmax" in cell.match_note
     # the NeuroGame family is the pooled head on the pair task, with a softmax encoder
     cfg = zoo.base_config(grid, "nli", "neurogame", cells["nli", "neurogame"].changes)
-    assert (cfg.model.attention, cfg.model.pool) == ("softmax", "ngt")
+    assert (cfg.model.attention.name, cfg.model.pool.name) == ("softmax", "neurogame")
     order = zoo.jobs(grid, cells)
     first = [j for j in order if j[0] == "brackets"]
     n_live = sum(c.reason is None for (t, _), c in cells.items() if t == "brackets")

@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 
 from spinformer import cli, data, nn, train
 from spinformer import config as C
-from spinformer.train import _checkpoint, _experiment
+from spinformer.train import _checkpoint, _experiment, _rundir
 
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 30
 
@@ -62,6 +62,8 @@ def tiny_cfg(changes: typing.Optional[dict] = None) -> C.Config:
             "data.seq_len": 8, "data.batch_size": 4, "data.eval_batches": 1,
             "train.steps": 2, "train.log_every": 1, "train.eval_every": 2,
             "train.warmup_steps": 0, "train.progress": False}
+    if (changes or {}).get("data.task") in ("digits", "fashion_mnist"):
+        del base["data.seq_len"]  # images have no sequence length to set
     return C.load_config(None, {**base, **(changes or {})})
 
 
@@ -103,7 +105,7 @@ def stub_fit(monkeypatch) -> list:
     """Replace training by a stub that records its keyword arguments (a list of dicts)."""
     calls = []
 
-    def fit(model, optimizer, dataset, **kwargs):
+    def fit(model, dataset, options, **kwargs):
         calls.append(kwargs)
         return model, {"steps": 0, "metrics": {}}
 
@@ -165,7 +167,7 @@ def test_read_only_run_dir_is_refused_before_building(tmp_path, monkeypatch):
             return real_mkdir(self, *args, **kwargs)
 
         monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
-        monkeypatch.setattr(_experiment, "_write_probe", fail_with(errno.EACCES))
+        monkeypatch.setattr(_rundir, "_write_probe", fail_with(errno.EACCES))
     try:
         refused(lambda: train.run(tiny_cfg(), d), str(d), "permission denied", "--out")
         refused(lambda: train.run(tiny_cfg(), d / "run"), str(d / "run"), "cannot be created",
@@ -189,7 +191,7 @@ def test_unwritable_or_full_run_dir_is_refused_before_building(tmp_path, monkeyp
     read-only file system, a full disk or an I/O error: simulated, as none can be made for
     real here (the tests may run as root, and a disk cannot be filled)."""
     forbid_building(monkeypatch)
-    monkeypatch.setattr(_experiment, "_write_probe", fail_with(err, create=True))
+    monkeypatch.setattr(_rundir, "_write_probe", fail_with(err, create=True))
     d = tmp_path / "run"
     refused(lambda: train.run(tiny_cfg(), d), f"run directory {d}", *fragments)
     assert not d.exists()  # the directory made for the run is removed again
@@ -233,7 +235,7 @@ def test_full_disk_during_training_names_the_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(_checkpoint, "save_checkpoint", save)
     msg = refused(lambda: train.run(cfg, out), f"writing to run directory {out} failed",
                   "is full", "ckpt-00000001.ckpt (step 1", "--resume",
-                  error=_experiment.RunDirError)
+                  error=train.RunDirError)
     assert "free some space" in msg
     assert not list(out.glob("*.tmp"))
     like = train.build_model(cfg, train.build_dataset(cfg), key=jax.random.key(0))
@@ -308,17 +310,17 @@ def test_resume_may_change_the_mesh_and_nothing_else(tmp_path, monkeypatch):
                              "description": "resumed elsewhere"})
     msg = refused(lambda: train.run(changed, d, resume=True), "differs", "at train.lr;")
     assert "mesh" not in msg and "progress" not in msg
-    assert _experiment._resumable("train.mesh.data") and not _experiment._resumable("train.meshy")
+    assert _rundir.resumable("train.mesh.data") and not _rundir.resumable("train.meshy")
 
 
 def test_resume_refuses_a_change_in_the_attention_section(tmp_path, monkeypatch):
     """A run's config holds its own attention's section only; a change there is refused on
     resume, naming the key."""
     stub_fit(monkeypatch)
-    own = tiny_cfg({"model.attention": "boltzmann", "model.boltzmann.solver.name": "anderson"})
+    own = tiny_cfg({"model.attention": "boltzmann", "model.attention.solver.name": "anderson"})
     d2 = fill(tmp_path / "run2", {"config.yaml": "same", "metrics.jsonl": "{}\n"}, own)
-    refused(lambda: train.run(own.replace({"model.boltzmann.solver.name": "picard"}), d2,
-                              resume=True), "differs", "model.boltzmann.solver.name")
+    refused(lambda: train.run(own.replace({"model.attention.solver.name": "picard"}), d2,
+                              resume=True), "differs", "model.attention.solver.name")
 
 
 def test_cli_reports_run_dir_faults_in_one_line(tmp_path, capsys, monkeypatch):
@@ -332,7 +334,7 @@ def test_cli_reports_run_dir_faults_in_one_line(tmp_path, capsys, monkeypatch):
     d = fill(tmp_path / "old", {"config.yaml": "same", "summary.json": "{}"}, cfg)
     line = cli_error(capsys, ["run", path, "--out", d, "--no-progress"])
     assert "already holds a run" in line and "--resume" in line and "--out" in line
-    monkeypatch.setattr(_experiment, "_write_probe", fail_with(errno.ENOSPC))
+    monkeypatch.setattr(_rundir, "_write_probe", fail_with(errno.ENOSPC))
     line = cli_error(capsys, ["run", path, "--out", tmp_path / "new", "--no-progress"])
     assert f"the disk holding {tmp_path / 'new'} is full" in line
 
@@ -373,6 +375,18 @@ def schema(cls=None, prefix: str = "", kind=None) -> tuple[list, list]:
         inner = next(a for a in args if a is not type(None)) if optional else tp
         leaves.append(Leaf(prefix + k.name, inner, optional, k.choices, k.kind))
     return leaves, sections
+
+
+def reads(raw: dict, key: str) -> bool:
+    """Whether a config of `raw`'s task reads `key` (a key that only other tasks read may
+    not be changed: `option(..., tasks=...)`)."""
+    section, _, name = key.partition(".")
+    cls = {"data": C.DataConfig, "model": C.ModelConfig}.get(section)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
+    field = fields.get(name.split(".")[0])
+    data = raw.get("data")
+    task = data.get("task", "brackets") if isinstance(data, dict) else "brackets"
+    return field is None or task in field.metadata.get("tasks", (task,))
 
 
 def set_key(raw: dict, key: str, value) -> None:
@@ -419,11 +433,10 @@ def base_configs(draw, attentions, text_path):
     causal_ok = attention != "free_energy"  # symmetric couplings: classifiers only
     task = draw(st.sampled_from(FUZZ_TASKS if causal_ok else ("nli", "digits")))
     raw = {
-        "data": {"task": task, "batch_size": 2, "eval_batches": 1, "path": str(text_path)},
+        "data": {"task": task, "batch_size": 2, "eval_batches": 1},
         "model": {"attention": attention, "dim": draw(st.sampled_from([8, 16])),
                   "num_heads": draw(st.sampled_from([1, 2])), "depth": 1,
-                  "ffn_hidden": draw(st.sampled_from([0, 8])), "embed": "patch", "patch": 4,
-                  "conv_channels": 4},
+                  "ffn_hidden": draw(st.sampled_from([0, 8]))},
         "train": {"steps": 1, "log_every": 1, "eval_every": 1, "warmup_steps": 0,
                   "progress": False},
     }
@@ -437,7 +450,11 @@ def base_configs(draw, attentions, text_path):
         "free_energy": {"solver": {"max_steps": 4}},
     }
     if attention in sections:
-        raw["model"][attention] = sections[attention]
+        raw["model"]["attention"] = {"name": attention, **sections[attention]}
+    if task == "chars":
+        raw["data"]["path"] = str(text_path)
+    if task == "digits":
+        raw["model"].update(embed="patch", patch=4, conv_channels=4)
     if task in ("brackets", "chars"):
         raw["data"]["seq_len"] = draw(st.integers(4, 8))
     if task == "nli":  # pairs without word order fit in 13 tokens
@@ -539,8 +556,8 @@ def fuzzed_configs(draw, attentions, text_path, *, wrong_share=0.6, cheap=False)
                 set_key(raw, sec, draw(st.sampled_from([{}, None])))
                 changed.append(sec)
                 continue
-            leaf = draw(st.sampled_from([lf for lf in leaves
-                                         if not (cheap and lf.key == "model.attention")]))
+            leaf = draw(st.sampled_from([lf for lf in leaves if reads(raw, lf.key)
+                                         and not (cheap and lf.key == "model.attention")]))
             set_key(raw, leaf.key, draw(plausible_values(leaf, text_path)))
             changed.append(leaf.key)
         return Fuzzed(raw, base, tuple(changed))
@@ -653,7 +670,7 @@ def test_schema_walk_sees_every_key():
     leaves, sections = schema()
     described = [line.split(" ")[0].rstrip(":") for line in C.describe().splitlines()]
     assert sorted(described) == sorted([lf.key for lf in leaves] + sections)
-    assert {"train.mesh", "model.spin.beta", "data.task"} <= {lf.key for lf in leaves}
+    assert {"train.mesh", "model.attention.beta", "data.task"} <= {lf.key for lf in leaves}
 
 
 @pytest.mark.parametrize("changes,fragments", [
@@ -661,21 +678,21 @@ def test_schema_walk_sees_every_key():
     ({"data.seed": -1}, ["data.seed=-1 must be >= 0"]),
     ({"train.lr": math.nan}, ["train.lr", "finite"]),
     ({"train.lr": "inf"}, ["train.lr", "finite"]),
-    ({"model.attention": "boltzmann", "model.boltzmann.solver.tol": -math.inf},
-     ["model.boltzmann.solver.tol", "finite"]),
+    ({"model.attention": "boltzmann", "model.attention.solver.tol": -math.inf},
+     ["model.attention.solver.tol", "finite"]),
     ({"data.max_chars": 0}, ["data.max_chars=0 must be >= 1"]),
     ({"data.max_vocab": 4}, ["data.max_vocab=4 must be >= 5"]),
     ({"train.warmup_steps": -1}, ["train.warmup_steps=-1"]),
     ({"train.min_lr_ratio": 2.0}, ["train.min_lr_ratio=2.0 must be in [0, 1]"]),
     ({"train.coupling_lr": -0.1}, ["train.coupling_lr=-0.1"]),
     ({"model.ffn_hidden": -8}, ["model.ffn_hidden=-8"]),
-    ({"model.spin.solver.max_steps": 0}, ["model.spin.solver.max_steps=0"]),
-    ({"model.attention": "implicit", "model.implicit.adjoint.rtol": 0.0},
-     ["model.implicit.adjoint.rtol", "0.0"]),
-    ({"model.attention": "free_energy", "model.free_energy.beta": 0.0},
-     ["model.free_energy.beta=0.0"]),
-    ({"model.attention": "neurogame", "model.neurogame.eval_seed": -3},
-     ["model.neurogame.eval_seed=-3"]),
+    ({"model.attention.solver.max_steps": 0}, ["model.attention.solver.max_steps=0"]),
+    ({"model.attention": "implicit", "model.attention.adjoint.rtol": 0.0},
+     ["model.attention.adjoint.rtol", "0.0"]),
+    ({"model.attention": "free_energy", "model.attention.beta": 0.0},
+     ["model.attention.beta=0.0"]),
+    ({"model.attention": "neurogame", "model.attention.eval_seed": -3},
+     ["model.attention.eval_seed=-3"]),
 ])
 def test_values_the_fuzzer_found_are_refused_by_name(changes, fragments):
     """Each of these once reached training (and crashed there, or ran with a silently
@@ -690,7 +707,7 @@ def test_models_the_config_cannot_build_are_named(tmp_path, monkeypatch):
     calls = stub_fit(monkeypatch)
     base = {"model.dim": 8, "data.batch_size": 2}
     for changes, fragments in (
-            ({"model.attention": "free_energy", "model.free_energy.solver.max_steps": 2},
+            ({"model.attention": "free_energy", "model.attention.solver.max_steps": 2},
              ["model.attention=free_energy with data.task=brackets", "causal=True"]),
             ({"data.task": "digits", "model.embed": "patch", "model.patch": 3},
              ["data.task=digits", "patch=3 must divide"]),
@@ -984,9 +1001,8 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     model = train.build_model(cfg, ds, key=jax.random.key(0))
     opt = train.build_optimizer(cfg)
     # steps 2 and 5 (batches 2 and 5) are poisoned; each is skipped and the run goes on
-    m_bad, s_bad = train.fit(model, opt, _Poisoned(ds, {2, 5}), out_dir=tmp_path / "bad",
-                             steps=8, log_every=1, eval_every=8, eval_batches=1,
-                             progress=False)
+    m_bad, s_bad = train.fit(model, _Poisoned(ds, {2, 5}), cfg.train, out_dir=tmp_path / "bad",
+                             eval_batches=cfg.data.eval_batches)
     recs = [r for r in train.read_metrics(tmp_path / "bad") if r["split"] == "train"]
     assert [r["step"] for r in recs if r["bad_step"]] == [3, 6]
     assert recs[-1]["bad_steps"] == 2 and s_bad["bad_steps"] == 2
@@ -1015,8 +1031,8 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
         np.testing.assert_array_equal(a, b)
     # too many in a row: the run stops with a message and keeps a checkpoint
     with pytest.raises(FloatingPointError, match="diverged at step 5: 3 steps in a row"):
-        train.fit(model, opt, _Poisoned(ds, {2, 3, 4}), out_dir=tmp_path / "stop", steps=8,
-                  log_every=1, eval_every=8, eval_batches=1, progress=False, max_bad_steps=3)
+        train.fit(model, _Poisoned(ds, {2, 3, 4}), cfg.train, out_dir=tmp_path / "stop",
+                  eval_batches=cfg.data.eval_batches)
     assert [s for s, _ in train.list_checkpoints(tmp_path / "stop")] == [5]
 
 

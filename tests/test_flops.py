@@ -16,14 +16,14 @@ def _cfg(**over):
     }
     base.update(over)
     if base["model.attention"] == "spin":
-        base.setdefault("model.spin.solver.tol", "1e-4")
+        base.setdefault("model.attention.solver.tol", "1e-4")
     return C.load_config(None, [f"{k}={v}" for k, v in base.items()])
 
 
 def test_step_flops_match_the_written_out_step():
     # Picard unrolled to k iterations with the unrolled adjoint does k forward iterations and
     # k backward products: XLA's count of that straight-line step must be the model's.
-    cfg = _cfg(**{"model.spin.solver.name": "picard"})
+    cfg = _cfg(**{"model.attention.solver.name": "picard"})
     ds = train.build_dataset(cfg)
     model = train.step_flops(cfg, ds)
     assert model.exact and model.forward_iteration > 0 and model.backward_product > 0
@@ -36,7 +36,7 @@ def test_step_flops_match_the_written_out_step():
     assert (got.forward_iteration, got.backward_product) == (0.0, 0.0)
     assert got.base == _flops._counts(soft, train.build_dataset(soft))[0] > 0
     # a fixed number of backward products (one-step gradients) ignores the metric
-    one = train.step_flops(_cfg(**{"model.spin.adjoint": "onestep"}))
+    one = train.step_flops(_cfg(**{"model.attention.adjoint": "onestep"}))
     assert one(4, 99) == one(4, 1) == one.base + 4 * one.forward_iteration + one.backward_product
 
 
@@ -80,6 +80,6 @@ def test_fit_sums_each_steps_flops_and_resume_continues_the_sum(tmp_path, monkey
 
 def test_count_flops_refuses_streams():
     cfg = _cfg(**{"data.task": "chars", "data.stream": "true", "train.count_flops": "true",
-                  "model.spin.mode": "steps", "model.spin.init": "carried"})
+                  "model.attention.mode": "steps", "model.attention.init": "carried"})
     with pytest.raises(C.ConfigError, match="data.stream"):
         train.step_flops(cfg, dataset=object())

@@ -140,6 +140,7 @@ def test_hopfield_gradients_and_decoding(getkey):
     attn = nn.HopfieldAttention(8, 2, causal=True, solver=solvers.Picard(tol=1e-6,
                                 max_steps=500), adjoint=solvers.Implicit(
         linear_solver=solvers.GMRES(restart=5), rtol=1e-4), key=getkey())
+    attn = solvers.record_backward(attn)  # its backward solves observed (as the trainer does)
     x = jax.random.normal(getkey(), (5, 8))
     grads = eqx.filter_grad(lambda a: jnp.sum(a(x) ** 2))(attn)
     g, records = solvers.backward_stats(grads)

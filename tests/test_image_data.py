@@ -589,5 +589,7 @@ def test_reconstruction_trains_below_the_identity_baseline(tmp_path):
     with pytest.raises(sf.config.ConfigError, match="embed=patch"):
         sf.train.build_model(cfg.replace({"model.embed": "conv"}),
                              sf.train.build_dataset(cfg), key=jax.random.key(0))
-    with pytest.raises(sf.config.ConfigError, match="only the image tasks"):
-        sf.train.build_dataset(cfg.replace({"data.task": "brackets"}))
+    with pytest.raises(sf.config.ConfigError, match="data.corrupt='mask' is read only by "
+                       "data.task fashion_mnist or digits"):
+        cfg.replace({"data.task": "brackets", "data.corrupt": "mask"})
+    assert cfg.replace({"data.task": "brackets"}).data.corrupt is None  # left behind

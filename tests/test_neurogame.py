@@ -354,8 +354,10 @@ def test_errors_and_config():
         nn.NeuroGameAttention(DIM, HEADS, causal=True, mode="pooled", key=jax.random.key(0))
     with pytest.raises(ValueError, match="pool='max'"):
         nn.PairClassifier(10, 3, DIM, 1, pool="max", key=jax.random.key(0))
-    assert nn.pool_attention("ngt") is nn.get_attention("neurogame")
-    assert nn.pool_attention("mean") is None and nn.pool_attention("cls") is None
+    ngt = nn.NeuroGameConfig(train_samples=3)  # the config's pooled head: its settings
+    assert nn.pool_settings(ngt) == ("ngt", nn.get_attention("neurogame").kwargs_from(ngt))
+    assert nn.pool_settings(nn.MeanPool()) == ("mean", None)
+    assert nn.pool_settings(nn.ClsPool()) == ("cls", None)
     with pytest.raises(ValueError, match="at most 16"):
         make("pooled", "exact")(tokens(17))
     # a mean field that does not converge says so (here: 2 iterations at strong coupling)
@@ -366,14 +368,14 @@ def test_errors_and_config():
         make(solver=solvers.Picard(damping=1.0))
     # strongly typed: a weak type turns strong after the first update and recompiles the step
     assert not make().log_gamma.weak_type
-    cfg = C.load_config(None, ["model.attention=neurogame", "model.neurogame.estimator=paper",
-                               "model.neurogame.adjoint.name=unrolled", "model.dim=8",
+    cfg = C.load_config(None, ["model.attention=neurogame", "model.attention.estimator=paper",
+                               "model.attention.adjoint.name=unrolled", "model.dim=8",
                                "model.num_heads=2"])
     reg = nn.get_attention("neurogame")
-    kw = reg.kwargs_from(cfg.model.neurogame)
+    kw = reg.kwargs_from(cfg.model.attention)
     assert kw["estimator"] == PaperValues() and isinstance(kw["adjoint"], solvers.Unrolled)
     with pytest.raises(C.ConfigError, match="damping"):
-        C.load_config(None, ["model.attention=neurogame", "model.neurogame.solver.damping=1.5"])
+        C.load_config(None, ["model.attention=neurogame", "model.attention.solver.damping=1.5"])
     # a stacked model trains through it (Transformer + scan)
     model = nn.Tagger(vocab_size=5, num_classes=3, dim=DIM, depth=1, num_heads=HEADS,
                       max_len=6, attention="neurogame", attention_kwargs=kw, key=jax.random.key(0))

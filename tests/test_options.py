@@ -116,8 +116,8 @@ def test_choice_resolves_names_and_refuses_the_rest():
     with pytest.raises(ValueError, match="SpinAttention: update='x' is not one of"):
         nn.SpinAttention(8, 2, update="x", key=__import__("jax").random.key(0))
     # the config refuses unknown names with the same list
-    with pytest.raises(C.ConfigError, match=r"model.spin.update: 'x' is not one of"):
-        C.load_config(None, ["model.spin.update=x"])
+    with pytest.raises(C.ConfigError, match=r"model.attention.update: 'x' is not one of"):
+        C.load_config(None, ["model.attention.update=x"])
 
 
 def test_register_choice_checks_its_class():

@@ -238,18 +238,18 @@ def test_config_names():
     when the config is read, naming the key, and so is a root problem for either."""
     from spinformer.config import ConfigError, load_config
 
-    cfg = load_config(overrides={"model.spin.solver": {"name": "reversible", "tol": 1e-4,
+    cfg = load_config(overrides={"model.attention.solver": {"name": "reversible", "tol": 1e-4,
                                                        "max_steps": 30},
-                                 "model.spin.adjoint": "reversible"})
-    solver, adjoint = cfg.model.spin.solver, cfg.model.spin.adjoint
+                                 "model.attention.adjoint": "reversible"})
+    solver, adjoint = cfg.model.attention.solver, cfg.model.attention.adjoint
     assert isinstance(solver, S.Reversible) and solver.tol == 1e-4 and solver.max_steps == 30
     assert isinstance(adjoint, S.ReversibleAdjoint)
-    load_config(overrides={"model.spin.solver": "reversible"})  # with the implicit adjoint
-    with pytest.raises(ConfigError, match=r"model.spin.solver.name='anderson' with "
+    load_config(overrides={"model.attention.solver": "reversible"})  # with the implicit adjoint
+    with pytest.raises(ConfigError, match=r"model.attention.solver.name='anderson' with "
                                           r"adjoint.name='reversible': .*got solver=Anderson"):
-        load_config(overrides={"model.spin.adjoint": "reversible"})
+        load_config(overrides={"model.attention.adjoint": "reversible"})
     for key in ("solver", "adjoint"):  # the free-energy saddle is a root
-        with pytest.raises(ConfigError, match=r"model.free_energy.solver.name=.* with "
+        with pytest.raises(ConfigError, match=r"model.attention.solver.name=.* with "
                                               r"adjoint.name="):
             load_config(overrides={"model.attention": "free_energy",
-                                   f"model.free_energy.{key}": "reversible"})
+                                   f"model.attention.{key}": "reversible"})

@@ -1,4 +1,5 @@
 import functools
+from typing import Callable
 
 import equinox as eqx
 import jax
@@ -793,6 +794,45 @@ def test_norm_is_a_callable_on_the_solver():
                                                                         - one.value))), rtol=1e-5)
 
 
+class _AtLeast(S.AbstractFixedPointSolver):
+    """Picard that converges only once it has taken `min_steps` steps: a stopping rule of
+    its own."""
+
+    min_steps: int = eqx.field(default=0, static=True)
+    tol: float = 1e-5
+    max_steps: int = eqx.field(default=100, static=True)
+    norm: Callable = eqx.field(default=S.max_norm, static=True)
+
+    def init(self, prob, x, args):
+        r = prob.residual(x, args)
+        return x, r, self.norm(r), jnp.zeros((), jnp.int32)
+
+    def step(self, prob, state, args):
+        x = state[0] + state[1]
+        r = prob.residual(x, args)
+        return x, r, self.norm(r), state[3] + 1
+
+    def terminate(self, state):
+        done = (state[2] <= self.tol) & (state[3] >= self.min_steps)
+        return done, jnp.asarray(S.RESULTS.successful, jnp.int32)
+
+    def output(self, state):
+        return state[0], state[2]
+
+
+def test_the_solver_alone_decides_convergence():
+    """The driver reports what the solver's `terminate` says: a residual below `tol` is not
+    success for a solver whose rule asks for more."""
+    fn = lambda x, b: 0.1 * x + b  # noqa: E731
+    sol = S.fixed_point(fn, jnp.zeros(3), jnp.ones(3), solver=_AtLeast(min_steps=12),
+                        throw=False)
+    assert int(sol.num_steps) == 12 and sol.result == S.RESULTS.successful
+    strict = _AtLeast(min_steps=30, max_steps=20)
+    sol = S.fixed_point(fn, jnp.zeros(3), jnp.ones(3), solver=strict, throw=False)
+    assert float(sol.residual) <= 1e-5 and int(sol.num_steps) == 20
+    assert sol.result == S.RESULTS.max_steps_reached
+
+
 def test_verbose_prints_worst_residual_and_converged_count(capfd):
     fn = lambda x, a: jnp.tanh(0.5 * x + a)
     jax.vmap(lambda a: S.fixed_point(fn, jnp.zeros(3), a, verbose=True))(jnp.array([0.1, 3.0]))
@@ -861,6 +901,23 @@ def test_backward_solves_are_recorded_per_solve(x64):
         np.testing.assert_allclose(grads.W, plain.W, rtol=1e-6)
     # other adjoints have no backward solve and carry no probe
     assert S.record_backward(S.Unrolled()) == S.Unrolled()
+
+
+def test_a_module_keeps_its_adjoint_and_the_reader_records():
+    """A module holds the adjoint it is given; the caller that reads the backward solves
+    records the constructor's arguments (as `train.build_model` does), and layers stacked
+    with `eqx.filter_vmap` then get one probe per layer."""
+    from spinformer import nn
+
+    a = S.Implicit(linear_solver=S.GMRES(restart=5), rtol=1e-3)
+    assert nn.SpinAttention(8, 2, adjoint=a, key=jax.random.key(0)).adjoint is a
+    kwargs = S.record_backward({"adjoint": a, "solver": S.Anderson(), "beta": 2.0})
+    assert a.probe is None and kwargs["adjoint"].probe.shape == (4,)
+    assert kwargs["solver"] == S.Anderson() and kwargs["beta"] == 2.0
+    assert S.record_backward(kwargs)["adjoint"] is kwargs["adjoint"]  # recorded once
+    layers = eqx.filter_vmap(lambda k: nn.SpinAttention(8, 2, key=k, **kwargs))(
+        jax.random.split(jax.random.key(0), 3))
+    assert layers.adjoint.probe.shape == (3, 4)
 
 
 @pytest.mark.parametrize("restart", [1, 3, 8])
@@ -1216,10 +1273,10 @@ def test_unrolled_loop_matches_the_while_loop(x64):
     with pytest.raises(Exception, match="max_steps"):
         jax.block_until_ready(S.fixed_point(fn, jnp.zeros(3), bs[0], solver=short).value)
     # in a config: unroll is a key of picard and anderson, and of no other solver
-    assert load_config(overrides={"model.spin.solver": {"name": "picard", "unroll": True}}
-                       ).model.spin.solver.unroll
-    with pytest.raises(ConfigError, match="unknown config key 'model.spin.solver.unroll'"):
-        load_config(overrides={"model.spin.solver": {"name": "broyden", "unroll": True}})
+    assert load_config(overrides={"model.attention.solver": {"name": "picard", "unroll": True}}
+                       ).model.attention.solver.unroll
+    with pytest.raises(ConfigError, match="unknown config key 'model.attention.solver.unroll'"):
+        load_config(overrides={"model.attention.solver": {"name": "broyden", "unroll": True}})
 
 
 def _dot_precisions(hlo: str) -> list[str]:
@@ -1264,7 +1321,7 @@ def test_precision_option_checked_and_carried_by_the_config():
     with pytest.raises(ValueError, match="precision='tf32'.*tensorfloat32"):
         S.Picard(precision="tf32")
     solver = lambda value: load_config(  # noqa: E731
-        overrides={"model.spin.solver": value}).model.spin.solver
+        overrides={"model.attention.solver": value}).model.attention.solver
     assert solver("anderson").precision == "highest"
     assert solver({"name": "picard", "precision": None}).precision is None
     assert solver({"name": "broyden", "precision": "tensorfloat32"}).precision == \

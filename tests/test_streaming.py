@@ -256,6 +256,8 @@ def _cfg(path, **changes) -> C.Config:
         "train.eval_every": 3, "train.checkpoint_every": 2, "train.warmup_steps": 1,
         "train.progress": False, "train.entropy_weight": 0.01, "train.local_losses": True,
     }
+    if changes.get("data.task", "chars") != "chars":
+        del base["data.path"]  # another task reads no text file
     return C.load_config(ROOT / "configs" / "shakespeare_stream.yaml", {**base, **changes})
 
 
@@ -339,11 +341,11 @@ def test_per_layer_figures_only_for_logged_metrics(tmp_path):
 
 
 @pytest.mark.parametrize("changes, fragments", [
-    ({"data.task": "brackets"}, ["data.stream", "task=chars"]),
+    ({"data.task": "brackets", "data.stream": True}, ["data.stream", "task=chars"]),
     ({"model.attention": "softmax"}, ["data.stream", "model.attention=spin",
-                                      "model.spin.mode=steps", "model.spin.init=carried"]),
-    ({"model.spin.mode": "fixed_point"}, ["data.stream", "model.spin.mode=fixed_point"]),
-    ({"model.spin.init": "reset"}, ["data.stream", "model.spin.init=reset"]),
+                                      "model.attention.mode=steps", "model.attention.init=carried"]),
+    ({"model.attention.mode": "fixed_point"}, ["data.stream", "model.attention.mode=fixed_point"]),
+    ({"model.attention.init": "reset"}, ["data.stream", "model.attention.init=reset"]),
     ({"data.stream": False, "data.task": "nli", "data.seq_len": 13},
      ["train.local_losses", "data.task=nli"]),
 ])

@@ -65,11 +65,11 @@ def test_step_key_is_explicit_and_compiles_once(tmp_path):
             traces.append(key is not None)
             return self.inner(x, key=key, return_diagnostics=return_diagnostics)
 
-    cfg = _tiny_cfg(**{"model.dropout": "0.5", "train.steps": "6"})
+    cfg = _tiny_cfg(**{"model.dropout": "0.5", "train.steps": "6", "train.eval_every": "3"})
     ds = train.build_dataset(cfg)
     model = Counted(train.build_model(cfg, ds, key=jax.random.key(0)))
     opt = train.build_optimizer(cfg)
-    train.fit(model, opt, ds, out_dir=tmp_path, steps=6, eval_every=3, progress=False)
+    train.fit(model, ds, cfg.train, out_dir=tmp_path)
     assert traces.count(True) == 1  # six training steps, one trace
     # the key decides the dropout mask: same key, same step; another key, another step
     step = train.jit_step(opt)
@@ -108,7 +108,7 @@ def test_divergence_skips_then_stops_naming_the_checkpoint(tmp_path):
 
 
 def test_solver_statistics_per_layer(tmp_path):
-    cfg = _tiny_cfg(**{"model.attention": "spin", "model.depth": "2", "model.spin.solver.max_steps": "8",
+    cfg = _tiny_cfg(**{"model.attention": "spin", "model.depth": "2", "model.attention.solver.max_steps": "8",
                        "train.steps": "2", "train.log_every": "1", "train.eval_every": "2"})
     s = train.run(cfg, tmp_path)
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -337,3 +337,19 @@ def test_tensorboard_scalars_match_metrics_jsonl(tmp_path):
     for key, value in expected.items():
         np.testing.assert_allclose(scalars[key], value, rtol=1e-6, atol=1e-30, err_msg=key)
     assert {"figures/loss", "figures/accuracy", "figures/solver_steps"} <= images
+
+
+def test_fit_takes_the_training_options_as_one_object(tmp_path):
+    """`fit`'s training options are one `TrainConfig`, whose defaults are `fit`'s: no keyword
+    of `fit` repeats one of its fields. Counting FLOPs needs the step's count, said before
+    anything is written."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(train.fit).parameters
+    assert params["options"].default == C.TrainConfig()
+    assert not {f.name for f in dataclasses.fields(C.TrainConfig)} & (set(params) - {"options"})
+    cfg = _tiny_cfg(**{"train.count_flops": "true"})
+    with pytest.raises(ValueError, match="flops=step_flops"):
+        train.fit(None, train.build_dataset(cfg), cfg.train, out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

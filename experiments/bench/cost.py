@@ -96,7 +96,7 @@ def measure(cfg, task, ref, repeats: int, train_steps: int, ratio_only: bool = F
     train_s = time.perf_counter() - t0
     k_f = float(metrics.get("solver_steps", math.nan))
     p_b = float(metrics.get("backward_steps", math.nan))
-    section = cfg.model.section()
+    section = cfg.model.attention
     adjoint = getattr(section, "adjoint", None)
     if isinstance(adjoint, sf.solvers.Phantom):
         p_b = float(adjoint.steps)

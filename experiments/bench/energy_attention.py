@@ -70,9 +70,9 @@ def main(argv=None):
         "hopfield one_step": nn.HopfieldAttention(D, H, mode="one_step", key=key),
         "hopfield steps=3": nn.HopfieldAttention(D, H, mode="steps", num_steps=3, key=key),
         "hopfield fixed_point (phantom)": nn.HopfieldAttention(D, H, key=key),
-        "hopfield fixed_point (implicit)": nn.HopfieldAttention(
+        "hopfield fixed_point (implicit)": solvers.record_backward(nn.HopfieldAttention(
             D, H, adjoint=solvers.Implicit(linear_solver=solvers.GMRES(restart=5), rtol=1e-3),
-            key=key),
+            key=key)),
         "energy transformer (12 steps)": nn.EnergyTransformerAttention(D, H, key=key),
         "softmax + FFN(2D)": _SoftmaxFFN(nn.SoftmaxAttention(D, H, key=key),
                                          nn.FeedForward(D, 2 * D, key=key)),

@@ -72,7 +72,7 @@ def trained(run_dir):
     from spinformer._generate import load_language_model
 
     cfg, chars, model = load_language_model(run_dir)
-    return f"trained run {pathlib.Path(run_dir).name} ({cfg.model.attention})", model
+    return f"trained run {pathlib.Path(run_dir).name} ({cfg.model.attention.name})", model
 
 
 def measure(label, model, length, repeats, prompt, batch=1, solver=None, resolve_solver=None):

@@ -43,7 +43,7 @@ def layers(scale: float, key):
     last = imp.onsager_mlp.layers[-1]
     w = 0.1 * jax.random.normal(jax.random.fold_in(key, 1), last.weight.shape)
     imp = eqx.tree_at(lambda a: a.onsager_mlp.layers[-1].weight, imp, w)
-    return imp
+    return solvers.record_backward(imp)  # its backward solves observed
 
 
 @eqx.filter_jit

@@ -242,8 +242,8 @@ def bench_attention(rep, batch, n, dim, heads, K, repeats, breakdown_repeats,
              f"ratio ≥ {1 / TARGET:g}.")
     results = {}
     for mode in ("pooled", "query"):
-        ngt = nn.NeuroGameAttention(dim, heads, mode=mode, estimator="mc", train_samples=K,
-                                    key=km)
+        ngt = solvers.record_backward(nn.NeuroGameAttention(
+            dim, heads, mode=mode, estimator="mc", train_samples=K, key=km))
         reps = repeats[mode]
         t0 = time.perf_counter()
         grads = jax.block_until_ready(_grad((ngt, x), keys))

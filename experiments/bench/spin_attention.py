@@ -171,7 +171,7 @@ def bench_throughput(config, repeats, quick=False):
     m, d = cfg.model, cfg.data
     batch, n = (2, 16) if quick else (d.batch_size, d.seq_len)
     reg = nn.get_attention(m.attention)
-    spin_kwargs = reg.kwargs_from(m.section(reg.name))
+    spin_kwargs = reg.kwargs_from(m.attention)
     tokens = jax.random.randint(jax.random.key(1), (batch, n), 0, 65)
 
     def lm(attention, kwargs):
@@ -184,7 +184,7 @@ def bench_throughput(config, repeats, quick=False):
     t = interleaved({k: (lambda m=m: f(m, tokens)) for k, m in models.items()}, repeats)
     ts, tm, r = t.median("spin"), t.median("softmax"), t.ratio("softmax", "spin")
     toks = batch * n
-    sec = cfg.model.spin
+    sec = cfg.model.attention
     print(f"[3] training throughput on {pathlib.Path(config).name}: depth {m.depth}, dim "
           f"{m.dim}, {m.num_heads} heads, batch {batch} x {n} tokens; spin {sec.update} "
           f"{sec.mode} (K = {sec.num_steps}), β = {sec.beta}: spin {toks / ts:,.0f} tokens/s, "

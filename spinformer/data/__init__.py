@@ -14,7 +14,7 @@ formats, and what is wrong; image files raise its subclass `ImageDataError`.
 
 from ._brackets import BracketMatching
 from ._corrupt import mask_images, noisy_images
-from .._patches import patchify, unpatchify
+from .._patchify import patchify, unpatchify
 from ._idx import ImageDataError, ImageDataNotFound, read_idx, write_idx
 from ._images import ImageDataset, ImageReconstruction
 from ._mnist import FASHION_MNIST_DIR

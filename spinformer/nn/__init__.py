@@ -18,11 +18,8 @@ A new attention is one module plus one config dataclass, registered with
 # The shipped attentions register in this order (the order of `model.attention`'s choices).
 from . import _softmax, _spin, _boltzmann, _neurogame, _implicit, _free_energy  # noqa: F401, I001
 from . import _hopfield, _energy_transformer  # noqa: F401, I001
-from ._analysis import FixedPointAnalysis as FixedPointAnalysis
-from ._analysis import ModelAnalysis as ModelAnalysis
-from ._analysis import fixed_point_analysis as fixed_point_analysis
-from ._analysis import model_analysis as model_analysis
-from ._analysis import steady_state_analysis as steady_state_analysis
+from ._attention_diagnostics import Diagnostics as Diagnostics
+from ._attention_diagnostics import Stats as Stats
 from ._attractor import AttractorNetwork as AttractorNetwork
 from ._attractor import PixelSpinEmbedding as PixelSpinEmbedding
 from ._attractor import attractor_sgd_step as attractor_sgd_step
@@ -37,10 +34,13 @@ from ._decode import decode_step as decode_step
 from ._decode import generate as generate
 from ._decode import prefill as prefill
 from ._decode import with_solver as with_solver
-from ._diagnostics import Diagnostics as Diagnostics
 from ._energy_transformer import EnergyTransformerAttention as EnergyTransformerAttention
 from ._energy_transformer import EnergyTransformerConfig as EnergyTransformerConfig
-from ._diagnostics import Stats as Stats
+from ._fixed_point_analysis import FixedPointAnalysis as FixedPointAnalysis
+from ._fixed_point_analysis import ModelAnalysis as ModelAnalysis
+from ._fixed_point_analysis import fixed_point_analysis as fixed_point_analysis
+from ._fixed_point_analysis import model_analysis as model_analysis
+from ._fixed_point_analysis import steady_state_analysis as steady_state_analysis
 from ._free_energy import FreeEnergyAttention as FreeEnergyAttention
 from ._free_energy import FreeEnergyConfig as FreeEnergyConfig
 from ._groups import param_labels as param_labels
@@ -56,7 +56,9 @@ from ._neurogame import NeuroGameConfig as NeuroGameConfig
 from ._neurogame import NeuroGameDiagnostics as NeuroGameDiagnostics
 from ._pair import PairClassifier as PairClassifier
 from ._pair import PairDiagnostics as PairDiagnostics
-from ._pair import pool_attention as pool_attention
+from ._pair import ClsPool as ClsPool
+from ._pair import MeanPool as MeanPool
+from ._pair import pool_settings as pool_settings
 from ._reconstruct import PatchReconstructor as PatchReconstructor
 from . import options as options
 from .._schema import attention_names as attention_names
@@ -78,6 +80,7 @@ __all__ = [
     "BoltzmannAttention",
     "BoltzmannConfig",
     "CausalLM",
+    "ClsPool",
     "Classifier",
     "DecodeState",
     "Diagnostics",
@@ -93,6 +96,7 @@ __all__ = [
     "ImageReconstructor",
     "ImplicitAttention",
     "ImplicitConfig",
+    "MeanPool",
     "ModelAnalysis",
     "NeuroGameAttention",
     "NeuroGameConfig",
@@ -120,7 +124,7 @@ __all__ = [
     "model_analysis",
     "options",
     "param_labels",
-    "pool_attention",
+    "pool_settings",
     "prefill",
     "register_attention",
     "steady_state_analysis",

@@ -24,9 +24,9 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._schema import Choice, choice, register_choice
-from .._patches import patchify, unpatchify
+from .._patchify import patchify, unpatchify
 from ..spins import attractor as _phys
-from ._diagnostics import Diagnostics
+from ._attention_diagnostics import Diagnostics
 from ._literal import check_literal
 
 __all__ = [

@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from ._diagnostics import Diagnostics
+from ._attention_diagnostics import Diagnostics
 
 
 class FeedForward(eqx.Module):

@@ -43,7 +43,7 @@ from .. import solvers
 from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import ising, samplers
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
 from ._literal import check_literal
@@ -51,7 +51,7 @@ from ._literal import check_literal
 
 # ------------------------------------------------------------------------------ modes
 
-# Which energy terms Boltzmann attention has (`mode=`, config `model.boltzmann.mode`):
+# Which energy terms Boltzmann attention has (`mode=`, config `model.attention.mode`):
 # `softmax` (plain softmax attention over the fields, no spins), `hJ` (fields and pair
 # couplings J, the proposed model), `h` (fields only: sigmoid attention), `J` (pair couplings
 # only: uniform attention), and the three-body variants `hK`, `hJK`, `JK`, `K`.
@@ -95,7 +95,7 @@ def _check_int(where: str, what: str, v: Any, lo: int) -> None:
 
 class BoltzmannInference(Choice):
     """How Boltzmann attention computes the magnetizations ⟨s_j⟩_i (`inference=`, config
-    `model.boltzmann.inference`): `query` solves one query's Ising model from its arrays,
+    `model.attention.inference`): `query` solves one query's Ising model from its arrays,
     `structured` (exact inference only) all queries at once when every position is visible
     or the pattern is causal. A sampler carries its settings as fields (`Gibbs(num_samples=64)`,
     config `inference: {name: gibbs, num_samples: 64}`) and checks them when it is made."""
@@ -343,7 +343,7 @@ class DQA(BoltzmannSampler):
 
 @dataclasses.dataclass(frozen=True)
 class BoltzmannConfig:
-    """Options of Boltzmann attention (the config section `model.boltzmann`)."""
+    """Settings of Boltzmann attention: a config's `model.attention: {name: boltzmann, ...}`."""
 
     mode: Mode = option("hJ", "energy terms: hJ (fields + learnable couplings J), h (J=0: "
                        "sigmoid attention), J (h=0), softmax (plain softmax, for ablations), "
@@ -374,7 +374,7 @@ class BoltzmannConfig:
         check_solvers(self)
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = BoltzmannConfig()
 
 
@@ -471,9 +471,8 @@ class BoltzmannAttention(eqx.Module):
         self.J = (ising.symmetrize(init_scale * jax.random.normal(kj, (H, L, L)))
                   if _TERMS[mode][1] else None)
         self.K = init_scale * jax.random.normal(kK, (H, L, L, L)) if _TERMS[mode][2] else None
-        # the adjoint records its backward solves (see solvers.record_backward)
         self.solver, self.throw = solver, throw
-        self.adjoint = solvers.record_backward(adjoint)
+        self.adjoint = adjoint
         self.dim, self.num_heads, self.causal, self.max_len = dim, num_heads, causal, max_len
         self.mode, self.inference = mode, inference
 

@@ -29,7 +29,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from .._schema import ConfigError, check_values, option, register_attention
 from ..spins import energy_transformer as et
 from ..spins.energy_transformer import HopfieldEnergy
-from ._diagnostics import Diagnostics
+from ._attention_diagnostics import Diagnostics
 from ._heads import check_heads, check_shapes
 from ._literal import check_literal
 from ._masks import combine_masks
@@ -37,8 +37,8 @@ from ._masks import combine_masks
 
 @dataclasses.dataclass(frozen=True)
 class EnergyTransformerConfig:
-    """Options of Energy Transformer attention (the config section
-    `model.energy_transformer`)."""
+    """Settings of Energy Transformer attention: a config's
+    `model.attention: {name: energy_transformer, ...}`."""
 
     steps: int = option(12, "descent steps T per layer (the paper: 12)")
     alpha: float = option(0.1, "step size alpha of x <- x - alpha dE/dg")
@@ -59,7 +59,7 @@ class EnergyTransformerConfig:
             raise ConfigError(f"beta_hn={self.beta_hn} must be > 0.")
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = EnergyTransformerConfig()
 
 

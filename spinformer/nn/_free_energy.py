@@ -43,7 +43,7 @@ from .. import solvers
 from .._schema import (ConfigError, check_solvers, check_values, option, register_attention,
                        register_choice)
 from ..spins import free_energy as fe
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import check_heads, merge_heads, split_heads
 from ._literal import check_literal
 from ._masks import combine_masks
@@ -53,7 +53,7 @@ register_choice("solver", "saddle_newton")(fe.SaddleNewton)
 register_choice("adjoint", "saddle_implicit")(fe.SaddleImplicit)
 
 
-# Where the coupling matrices J come from (`couplings=`, config `model.free_energy.couplings`):
+# Where the coupling matrices J come from (`couplings=`, config `model.attention.couplings`):
 # `explicit`, learned symmetric J `(H, max_len, max_len)` with zero diagonal, entries
 # initialised N(0, 1/(n D_h)); `input`, J(H) = sym(tanh(√D H Q Kᵀ Hᵀ))/√(n D) from the fields
 # (`spins.free_energy.tanh_couplings`) with learned D_h × D_h maps Q, K per head, the saddle's
@@ -63,7 +63,7 @@ Couplings = Literal["explicit", "input"]
 
 @dataclasses.dataclass(frozen=True)
 class FreeEnergyConfig:
-    """Options of free-energy attention (the config section `model.free_energy`)."""
+    """Settings of free-energy attention: a config's `model.attention: {name: free_energy, ...}`."""
 
     couplings: Couplings = option("explicit", "explicit: learned symmetric J with zero "
                                   "diagonal (needs a fixed number of tokens); input: J(H) = "
@@ -86,7 +86,7 @@ class FreeEnergyConfig:
         check_solvers(self, root=True)
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = FreeEnergyConfig()
 
 

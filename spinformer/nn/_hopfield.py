@@ -31,7 +31,7 @@ from .. import solvers
 from .._schema import ConfigError, check_solvers, check_values, option, register_attention
 from ..spins import hopfield as hp
 from ..spins._common import solve as _solve
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
 from ._literal import check_literal
 from ._masks import combine_masks
@@ -52,7 +52,7 @@ HopfieldMode = Literal["fixed_point", "steps", "one_step"]
 
 @dataclasses.dataclass(frozen=True)
 class HopfieldConfig:
-    """Options of modern Hopfield attention (the config section `model.hopfield`)."""
+    """Settings of modern Hopfield attention: a config's `model.attention: {name: hopfield, ...}`."""
 
     beta: float = option(1.0, "inverse temperature in units of 1/sqrt(D_h) (1: the scale of "
                          "softmax attention; larger: retrieval of single keys)")
@@ -76,7 +76,7 @@ class HopfieldConfig:
         check_solvers(self)
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = HopfieldConfig()
 
 
@@ -137,7 +137,7 @@ class HopfieldAttention(eqx.Module):
         self.to_q, self.to_k, self.to_v, self.to_out = linear_maps(
             dim, use_bias, *jax.random.split(key, 4))
         self.beta, self.solver, self.throw = beta, solver, throw
-        self.adjoint = solvers.record_backward(adjoint)
+        self.adjoint = adjoint
         self.mode = check_literal("HopfieldAttention", "mode", mode, HopfieldMode)
         self.num_steps = num_steps
         self.dim, self.num_heads, self.causal = dim, num_heads, causal

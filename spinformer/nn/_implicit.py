@@ -52,7 +52,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from .. import solvers
 from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import check_heads, masked_softmax, qk_scores
 from ._literal import check_literal
 from ._masks import combine_masks
@@ -63,7 +63,7 @@ _SPECTRAL_KEY = 20211
 
 # -- the options: how the couplings are made, and the self-correction ------------------------
 
-# Where the couplings J_ij come from (`couplings=`, config `model.implicit.couplings`):
+# Where the couplings J_ij come from (`couplings=`, config `model.attention.couplings`):
 # `explicit`, learned d × d blocks per ordered pair of sites (a fixed number of sites
 # `max_len`), initialised N(0, 1/(N d²)) and symmetrised as `sym_sites`, `sym_internal` say;
 # `softmax`, amortised from the input, J_ij = softmax_j(q_i·k_j/√d) W, with learned query/key
@@ -176,7 +176,7 @@ def gaussian_cavity_variances(J: "Float[Array, 'h n n dh dh'] | FactoredCoupling
 
 @dataclasses.dataclass(frozen=True)
 class ImplicitConfig:
-    """Options of Deep Implicit Attention (the config section `model.implicit`)."""
+    """Settings of Deep Implicit Attention: a config's `model.attention: {name: implicit, ...}`."""
 
     couplings: Couplings = option("explicit", "explicit: learned d×d blocks J_ij per pair of "
                             "sites (needs a fixed number of sites); softmax: J_ij = "
@@ -207,7 +207,7 @@ class ImplicitConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = ImplicitConfig()
 
 
@@ -245,8 +245,8 @@ class ImplicitAttention(eqx.Module):
     - `sym_sites`, `sym_internal`: symmetries of explicit couplings.
     - `normalize_input`: fields X = LayerNorm(x)/√d.
     - `output_proj`: a learned d × d map on the magnetizations.
-    - `solver`: the forward solver (default `Anderson(tol=1e-4, max_steps=40)`); `adjoint`
-      (default `Implicit(rtol=1e-4)`); `throw`: raise on a failed solve instead of reporting
+    - `solver`: the forward solver and `adjoint` (defaults: `ImplicitConfig.solver`,
+      `ImplicitConfig.adjoint`); `throw`: raise on a failed solve instead of reporting
       it in the diagnostics.
     - `jacobian_penalty`: weight of the Jacobian regulariser (training calls only, those with
       a `key`); `spectral_steps`: power steps of the spectral-radius diagnostic (0: off).
@@ -313,7 +313,7 @@ class ImplicitAttention(eqx.Module):
         self.norm = eqx.nn.LayerNorm(dim) if normalize_input else None
         self.out_proj = eqx.nn.Linear(dim, dim, use_bias=False, key=ko) if output_proj else None
         self.solver = solver
-        self.adjoint = solvers.record_backward(adjoint)
+        self.adjoint = adjoint
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
         self.couplings_kind, self.onsager = couplings, onsager
         self.sym_sites, self.sym_internal = sym_sites, sym_internal

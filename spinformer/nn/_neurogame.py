@@ -94,7 +94,7 @@ from .. import solvers
 from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import coalitions, ising
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, merge_heads, project_heads
 from ._literal import check_literal
 from ._masks import combine_masks
@@ -195,7 +195,8 @@ _NORMALIZE = {
 
 @dataclasses.dataclass(frozen=True)
 class NeuroGameConfig:
-    """Options of NeuroGame attention (the config section `model.neurogame`)."""
+    """Settings of NeuroGame attention: a config's `model.attention: {name: neurogame, ...}`,
+    and of the pooled head `model.pool: {name: neurogame, ...}`."""
 
     mode: Mode = option("query", "query: one game per query over its visible tokens (this "
                        "project's token-mixing extension); pooled: one game per sequence "
@@ -250,7 +251,7 @@ class NeuroGameDiagnostics(Diagnostics):
     gamma: Optional[Array] = None
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = NeuroGameConfig()
 
 
@@ -371,7 +372,7 @@ class NeuroGameAttention(eqx.Module):
         # optimizer update, and the training step compiles again
         self.log_gamma = jnp.full((num_heads,), math.log(gamma), dtype=jnp.result_type(float))
         self.solver = solver
-        self.adjoint = solvers.record_backward(adjoint)
+        self.adjoint = adjoint
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
         self.mode, self.estimator, self.value_fn = mode, estimator, value_fn
         self.train_samples, self.eval_samples, self.eval_seed = (train_samples, eval_samples,

@@ -5,6 +5,7 @@ Transformer paper, eqs. 28–30)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Literal, Optional, Union
 
 import equinox as eqx
@@ -12,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from ._diagnostics import Diagnostics
+from ._attention_diagnostics import Diagnostics
 from ._literal import check_literal
-from ._neurogame import NeuroGameAttention
-from .._schema import Registration, get_attention
+from ._neurogame import NeuroGameAttention, NeuroGameConfig
+from .._schema import Choice, get_attention, name_of, register_choice
 from ._transformer import Transformer
 
 PAD = 0  # token id 0 is padding
@@ -35,19 +36,36 @@ class PairDiagnostics(eqx.Module):
         return self.encoder.solver
 
 
-# -- how the encoded pair becomes one vector (`pool`, the config key `model.pool`) -------------
+# -- how the encoded pair becomes one vector (`pool`; the config key `model.pool`) -------------
 
 #: how a `PairClassifier` pools the encoded sequence into one vector: the mean of the
 #: non-padded hidden states, the first position (`[CLS]`), or the NeuroGame paper's head
 Pool = Literal["mean", "cls", "ngt"]
 
 
-def pool_attention(pool: Pool) -> Optional[Registration]:
-    """The registered attention whose config section configures the pooled head `pool`
-    (`"ngt"`: NeuroGame attention, options from `model.neurogame`), or None for a pool
-    without options (`"mean"`, `"cls"`)."""
-    check_literal("pool_attention", "pool", pool, Pool)
-    return get_attention(NeuroGameAttention) if pool == "ngt" else None
+@register_choice("pool", "mean")
+@dataclasses.dataclass(frozen=True)
+class MeanPool(Choice):
+    """The config's pooling head `mean`: the mean of the non-padded hidden states."""
+
+
+@register_choice("pool", "cls")
+@dataclasses.dataclass(frozen=True)
+class ClsPool(Choice):
+    """The config's pooling head `cls`: the hidden state of the first position (`[CLS]`)."""
+
+
+# the config's pooling head `neurogame`: the NeuroGame paper's pooled game (`pool="ngt"`),
+# with the settings of NeuroGame attention (`model.pool: {name: neurogame, estimator: exact}`)
+register_choice("pool", "neurogame")(NeuroGameConfig)
+
+
+def pool_settings(pool) -> tuple[Pool, Optional[dict[str, Any]]]:
+    """`(pool, pool_kwargs)` of `PairClassifier` for the config's pooling head `pool` (a
+    `MeanPool`, `ClsPool` or `NeuroGameConfig`)."""
+    if isinstance(pool, NeuroGameConfig):
+        return "ngt", get_attention(NeuroGameAttention).kwargs_from(pool)
+    return name_of("pool", pool), None
 
 
 class PairClassifier(eqx.Module):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._diagnostics import Diagnostics
+from ._attention_diagnostics import Diagnostics
 from ._heads import (check_heads, decode_scores, linear_maps, masked_softmax, mix_values,
                      project_heads, qk_scores)
 from .._schema import register_attention

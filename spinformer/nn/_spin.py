@@ -34,7 +34,7 @@ from .._schema import (Choice, ConfigError, check_solvers, check_values, choice,
 from ..spins import vector
 from ..spins._common import solve as _solve
 from ._block import FeedForward
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk_scores,
                      split_heads)
 from ._literal import check_literal
@@ -175,7 +175,7 @@ Output = Literal["magnetization", "response"]
 
 @dataclasses.dataclass(frozen=True)
 class SpinConfig:
-    """Options of spin attention (the config section `model.spin`)."""
+    """Settings of spin attention: a config's `model.attention: {name: spin, ...}`."""
 
     beta: float = option(2.0, "inverse temperature β of the vector-spin model (2 trains "
                          "better than 1; see experiments/results/spin_lm)")
@@ -220,7 +220,7 @@ class SpinConfig:
             raise ConfigError(f"field_ffn={self.field_ffn} must be >= 0.")
 
 
-# the constructor's defaults are the config section's (one source of defaults)
+# the constructor's defaults are the settings' (one source of defaults)
 _DEFAULTS = SpinConfig()
 
 
@@ -236,7 +236,7 @@ class SpinAttention(eqx.Module):
 
     - `dim`: model width D; `num_heads`: H, with `D_h = D/H > 2`.
     - `causal`: causal couplings (spin i feels only spins j ≤ i).
-    - `beta`: inverse temperature β (default 2, which trains better than 1: see
+    - `beta`: inverse temperature β (default `SpinConfig.beta`, which trains better than 1: see
       `experiments/results/spin_lm/`). With fields of norm R the steady state's response to
       the other spins is β/(1 + √(1 + β²)) per unit of coupling: 0.41 at β = 1, 0.62 at 2.
 
@@ -251,8 +251,8 @@ class SpinAttention(eqx.Module):
       per head) or `"carried"` (the `state=` passed by the caller, e.g. the previous call's
       `diagnostics.state`; φ(x) if None).
     - `solver`, `adjoint`, `throw`: passed to the fixed-point solves; the solver carries the
-      tolerance and step budget (default `Anderson(tol=1e-3, max_steps=30)`; the adjoint
-      `Implicit(GMRES(restart=5), rtol=1e-3)`), and `throw=False` (the default) reports
+      tolerance and step budget (defaults: `SpinConfig.solver` and `SpinConfig.adjoint`, as
+      for every argument with a default here), and `throw=False` (the default) reports
       non-convergence in the diagnostics instead of raising.
     - `output_proj`: mix the heads' magnetizations with a learned `D × D` map (default on).
     - `field_ffn`: hidden width of an FFN whose output is added to the fields (0: none).
@@ -341,8 +341,9 @@ class SpinAttention(eqx.Module):
         self.beta, self.solver, self.throw = beta, solver, throw
         self.coupling_scale = coupling_scale
         self.output = output
-        # the adjoint records its backward solves (see solvers.record_backward)
-        self.adjoint = solvers.record_backward(adjoint)
+        # the adjoint as given: a caller that reads the backward solves passes a recorded one
+        # (solvers.record_backward, as train.build_model does)
+        self.adjoint = adjoint
         self.dim, self.num_heads, self.causal = dim, num_heads, causal
         self.update, self.mode, self.num_steps, self.init = update, mode, num_steps, init
         self.normalize_fields = normalize_fields

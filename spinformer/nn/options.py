@@ -3,7 +3,7 @@
 A choice that carries an algorithm (an update rule, an inference method, an estimator, an
 Onsager term, an objective) is a frozen dataclass registered under a kind and a name in the
 one name table (`spinformer._schema`); it receives arrays, not the module that holds it. A
-config names it (`model.spin.update: tap`), Python passes the object or the name
+config names it (`model.attention.update: tap`), Python passes the object or the name
 (`SpinAttention(64, 4, update=options.TAPUpdate())`). Choices that only switch a term or a
 readout are `Literal` fields of the modules instead (`SpinAttention(mode="steps")`). The
 kinds:

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree
 
 from ._linear import AbstractLinearSolver, Auto, is_lineax_solver, linear_solve
 from ._solvers import (
@@ -38,7 +38,8 @@ class AbstractAdjoint(eqx.Module):
 
     @abc.abstractmethod
     def attach(self, prob, args, run_loop, throw):
-        """Run the forward loop and return `(value, stats)` with gradients attached."""
+        """Run the forward loop, `run_loop(prob, args, differentiable=..., last=False)` (the
+        driver's `_run_loop`), and return its `(value, stats)` with gradients attached."""
 
 
 class Unrolled(AbstractAdjoint):
@@ -229,13 +230,31 @@ def _fallback_solve(solver, rtol, max_steps, fixed_point, vjp_x, b, point, first
     return fallback(dyn, b, first)
 
 
-def record_backward(adjoint: AbstractAdjoint) -> AbstractAdjoint:
-    """`adjoint` with a zero `probe` that records its backward solves (see `Implicit`); other
-    adjoints have no backward solve and are returned unchanged."""
-    if isinstance(adjoint, Implicit) and adjoint.probe is None:
-        return eqx.tree_at(lambda a: a.probe, adjoint, jnp.zeros(4, jnp.float32),
-                           is_leaf=lambda x: x is None)
-    return adjoint
+def _is_implicit(x) -> bool:
+    return isinstance(x, Implicit)
+
+
+def record_backward(tree: PyTree) -> PyTree:
+    """`tree` with a zero `probe` on every `Implicit` adjoint in it that has none, so that
+    the backward solves of a model built with it are recorded (see `Implicit`).
+
+    **Arguments:** `tree`, an adjoint (other adjoints have no backward solve and are
+    returned unchanged) or any pytree holding adjoints, such as a module's constructor
+    arguments.
+
+    The caller that reads the records passes recorded adjoints to the modules it builds and
+    reads the records out of its gradients with `backward_stats`, as the training step
+    does; a module keeps the adjoint it is given. Record before building: layers stacked
+    with `eqx.filter_vmap` then get one probe per layer, which recording a built model
+    cannot give them.
+    """
+    def add(x):
+        if _is_implicit(x) and x.probe is None:
+            return eqx.tree_at(lambda a: a.probe, x, jnp.zeros(4, jnp.float32),
+                               is_leaf=lambda v: v is None)
+        return x
+
+    return jax.tree.map(add, tree, is_leaf=_is_implicit)
 
 
 def backward_stats(grads):
@@ -252,12 +271,12 @@ def backward_stats(grads):
     records = []
 
     def take(x):
-        if isinstance(x, Implicit) and x.probe is not None:
+        if _is_implicit(x) and x.probe is not None:
             records.append(x.probe)
             return eqx.tree_at(lambda a: a.probe, x, jnp.zeros_like(x.probe))
         return x
 
-    grads = jax.tree.map(take, grads, is_leaf=lambda x: isinstance(x, Implicit))
+    grads = jax.tree.map(take, grads, is_leaf=_is_implicit)
     return grads, records
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import equinox as eqx
 import equinox.internal as eqxi
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
-from jaxtyping import PyTree
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom
 from ._lanes import while_lanes
@@ -27,6 +27,7 @@ from ._solvers import (
     Anderson,
     Newton,
     _BestSoFar,
+    _BestState,
     _FixedPointProblem,
     _RootProblem,
     batched_like,
@@ -171,107 +172,154 @@ def _check_inputs(name, fn, x0, args, solver, adjoint, root, has_aux=False):
             )
 
 
-def _print_progress(name, step, rnorm, done):
+# ----------------------------------------------------------------------------- the loop
+
+
+class _Carry(eqx.Module):
+    """What the solve loop carries from one step to the next."""
+
+    state: _BestState  # the solver's own state and the best iterate so far
+    steps: Int[Array, ""]  # steps taken
+    trace: Optional[Float[Array, " T"]]  # `trace=True`: the residual after each step
+
+
+class _Loop(eqx.Module):
+    """One solve's stopping test and step, and everything they read besides the carry (a
+    module, so that `while_lanes` can gather its arrays)."""
+
+    best: _BestSoFar
+    prob: Any
+    args: Any
+    limit: Int[Array, ""]  # `max_steps`, or a smaller run-time `step_budget`
+    name: str = eqx.field(static=True)
+    verbose: bool = eqx.field(static=True)
+
+    def going(self, carry: _Carry) -> Bool[Array, ""]:
+        """Whether to take another step: the solver has not stopped and steps remain."""
+        done, _ = self.best.terminate(carry.state)
+        return ~done & (carry.steps < self.limit)
+
+    def step(self, carry: _Carry) -> _Carry:
+        state = self.best.step(self.prob, carry.state, self.args)
+        steps = carry.steps + 1
+        if self.verbose:
+            steps = steps + _report(self.name, self.best, state, steps)
+        trace = carry.trace
+        if trace is not None:  # the residual of the newest iterate after `steps` steps
+            trace = trace.at[steps].set(self.best.best(state)[2])
+        return _Carry(state, steps, trace)
+
+
+def _report(name, best, state, steps):
+    """`verbose=True`: print a progress line on the host. `pure_callback` with `expand_dims`
+    sees every example of a vmapped solve at once; its output, zero, is added to the step
+    counter so that the call is not dropped as dead code."""
+    _, rnorm, _ = best.best(state)
+    done, code = best.terminate(state)
+    return jax.pure_callback(
+        lambda *a: _print_progress(name, *a), jax.ShapeDtypeStruct((), jnp.int32),
+        steps, rnorm, done & (code == RESULTS.successful), vmap_method="expand_dims")
+
+
+def _print_progress(name, step, rnorm, converged):
     """Host side of `verbose=True`: one line per step over every example of a vmapped solve."""
-    step, rnorm, done = (np.asarray(a) for a in (step, rnorm, done))
+    step, rnorm, converged = (np.asarray(a) for a in (step, rnorm, converged))
     worst = float(np.max(np.where(np.isfinite(rnorm), rnorm, np.inf)))
     print(
         f"{name}: step {int(np.max(step))}  worst residual {worst:.3e}  "
-        f"converged {int(np.sum(done))}/{done.size}",
+        f"converged {int(np.sum(converged))}/{converged.size}",
         file=sys.stderr,
         flush=True,
     )
     return np.zeros(np.shape(step), np.int32)
 
 
-def _make_loop(solver: AbstractSolver, throw: bool, verbose: bool, name: str,
-               trace: bool = False):
-    """Returns run_loop(prob, args, differentiable, x0) -> (x, stats) with stats
-    `(num_steps, residual at x, residual at the last iterate, result)`.
+# The loop strategies: `(loop, init, max_steps) -> final carry`, chosen by `_strategy`.
 
-    With `last=True` it returns `((solver, state), stats)` instead: the solver and its own
-    state after the last iteration (not the best iterate), with the stats of that last
-    iterate; for an adjoint that continues from the solver's state (`ReversibleAdjoint`).
 
-    With `throw`, the failure check is attached to `x` here, before any adjoint sees it;
-    `backward_error_if` repeats it in the backward pass.
+def _unrolled(loop: _Loop, init: _Carry, max_steps: int) -> _Carry:
+    """`max_steps` steps as straight-line code, no while loop (`solver.unroll`); a stopped
+    example keeps its carry."""
+    carry = init
+    for _ in range(max_steps):
+        go = loop.going(carry)
+        carry = jax.tree.map(lambda new, old: jnp.where(go, new, old), loop.step(carry), carry)
+    return carry
+
+
+def _checkpointed(loop: _Loop, init: _Carry, max_steps: int) -> _Carry:
+    """A while loop that reverse mode differentiates (`Unrolled`): its carries kept at about
+    √(2·max_steps) checkpoints and recomputed in the backward pass."""
+    return eqxi.while_loop(lambda c: loop.going(c), lambda c: loop.step(c), init,
+                           max_steps=max_steps, kind="checkpointed")
+
+
+def _plain(loop: _Loop, init: _Carry, max_steps: int) -> _Carry:
+    """`jax.lax.while_loop`: under `vmap` every example steps until the last one stops (for
+    `verbose`, whose progress line counts every example at every step)."""
+    del max_steps
+    return jax.lax.while_loop(lambda c: loop.going(c), lambda c: loop.step(c), init)
+
+
+def _compacting(loop: _Loop, init: _Carry, max_steps: int) -> _Carry:
+    """The default: a while loop in which, under `vmap`, the stopped examples stop costing
+    (`while_lanes`)."""
+    del max_steps
+    return while_lanes(_Loop.going, _Loop.step, loop, init)
+
+
+def _strategy(solver: AbstractSolver, differentiable: bool, verbose: bool):
+    """The loop that runs a solve."""
+    if solver.unroll:
+        return _unrolled
+    if differentiable:
+        return _checkpointed
+    if verbose:
+        return _plain
+    return _compacting
+
+
+def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x0, budget,
+              throw, verbose, trace, name):
+    """Solve `prob` from `x0`: `(x, (num_steps, residual at x, residual at the last iterate,
+    result, trace or None))`, x the best iterate. `_solve_traced` binds the keywords after
+    `last`; an adjoint calls the rest and attaches gradients to `x`.
+
+    `differentiable=True`: a loop reverse mode can differentiate (`Unrolled`).
+    `last=True`: `x` is `(solver, its own state after the last step)` instead, with the
+    residual of that last iterate, for an adjoint that continues from the solver's state
+    (`ReversibleAdjoint`).
+
+    The solver's `terminate` alone decides whether the solve converged. With `throw`, the
+    failure check is attached to `x` here, before any adjoint sees it; `backward_error_if`
+    repeats it in the backward pass.
     """
     best = _BestSoFar(solver)
     max_steps = solver.max_steps
+    limit = jnp.asarray(max_steps if budget is None else jnp.minimum(budget, max_steps))
+    loop = _Loop(best, prob, args, limit, name, verbose)
+    state = best.init(prob, x0, args)
+    r0 = best.best(state)[2]
+    history = (jnp.full((max_steps + 1,), jnp.nan, r0.dtype).at[0].set(r0) if trace
+               else None)
+    # (tied to r0: fewer passes of while_loop's batching rule, see `batched_like`)
+    init = batched_like(_Carry(state, jnp.asarray(0, jnp.int32), history), r0)
+    out = _strategy(solver, differentiable, verbose)(loop, init, max_steps)
 
-    def run_loop(prob, args, *, differentiable, x0, budget=None, last=False):
-        limit = jnp.asarray(max_steps if budget is None else jnp.minimum(budget, max_steps))
-        ops = (best, prob, args, limit)  # what the loop reads besides its carry
-
-        def cond_of(ops, carry):
-            best, _, _, limit = ops
-            state, k = carry[:2]
-            done, _ = best.terminate(state)
-            return ~done & (k < limit)
-
-        def body_of(ops, carry):
-            best, prob, args, _ = ops
-            state, k = carry[:2]
-            state = best.step(prob, state, args)
-            k = k + 1
-            if verbose:
-                _, rn, _ = best.best(state)
-                done = rn <= solver.tol
-                # pure_callback with expand_dims sees every example of a vmapped solve at once;
-                # its (zero) output feeds the counter so the call is not dropped as dead code.
-                k = k + jax.pure_callback(
-                    lambda *a: _print_progress(name, *a),
-                    jax.ShapeDtypeStruct((), jnp.int32), k, rn, done,
-                    vmap_method="expand_dims",
-                )
-            if trace:  # the residual of the newest iterate after k steps
-                return state, k, carry[2].at[k].set(best.best(state)[2])
-            return state, k
-
-        def cond(carry):
-            return cond_of(ops, carry)
-
-        def body(carry):
-            return body_of(ops, carry)
-
-        state0 = best.init(prob, x0, args)
-        init = (state0, jnp.asarray(0, jnp.int32))
-        last0 = best.best(state0)[2]
-        if trace:
-            init += (jnp.full((max_steps + 1,), jnp.nan, last0.dtype).at[0].set(last0),)
-        init = batched_like(init, last0)  # (fewer passes of while_loop's batching rule)
-        if solver.unroll:  # straight-line steps; a finished example keeps its state
-            out = init
-            for _ in range(max_steps):
-                go = cond(out)
-                out = jax.tree.map(lambda a, b: jnp.where(go, a, b), body(out), out)
-        elif differentiable:
-            out = eqxi.while_loop(cond, body, init, max_steps=max_steps, kind="checkpointed")
-        elif verbose:
-            out = jax.lax.while_loop(cond, body, init)
-        else:  # under vmap, finished systems stop costing (`while_lanes`)
-            out = while_lanes(cond_of, body_of, ops, init)
-        state, k = out[:2]
-        history = jax.lax.stop_gradient(out[2]) if trace else None
-        done, code = best.terminate(state)
-        if last:
-            x = state.inner
-            rn = rn_last = solver.output(state.inner)[1]
-        else:
-            x, rn, rn_last = best.best(state)
-        result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
-        # the best iterate may meet the tolerance although the last one did not
-        result = jnp.where(rn <= solver.tol, RESULTS.successful, result).astype(jnp.int32)
-        if throw:
-            x = eqx.branched_error_if(
-                x, result != RESULTS.successful, result, _failure_messages(name)
-            )
-        if last:
-            x = (solver, x)
-        return x, (k, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(rn_last), result,
-                   history)
-
-    return run_loop
+    done, code = best.terminate(out.state)
+    result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
+    if last:
+        x = out.state.inner
+        rn = rn_last = solver.output(x)[1]
+    else:
+        x, rn, rn_last = best.best(out.state)
+    if throw:
+        x = eqx.branched_error_if(x, result != RESULTS.successful, result,
+                                  _failure_messages(name))
+    history = None if out.trace is None else jax.lax.stop_gradient(out.trace)
+    stats = (out.steps, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(rn_last), result,
+             history)
+    return ((solver, x) if last else x), stats
 
 
 def _failure_messages(name):
@@ -334,12 +382,8 @@ def _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbo
     # the implicit adjoint can differentiate with respect to them.
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
     prob = problem_cls(fn_conv, solver.precision)
-    loop = _make_loop(solver, throw, verbose, name, trace)
-
-    def run_loop(p, a, *, differentiable, last=False):
-        return loop(p, a, differentiable=differentiable, x0=x0_flat, budget=budget,
-                    last=last)
-
+    run_loop = functools.partial(_run_loop, solver=solver, x0=x0_flat, budget=budget,
+                                 throw=throw, verbose=verbose, trace=trace, name=name)
     value, (k, rn, last, result, history) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
         value = backward_error_if(value, result != RESULTS.successful, result,

@@ -201,7 +201,9 @@ class AbstractSolver(eqx.Module):
 
     @abc.abstractmethod
     def terminate(self, state: Any) -> tuple[Bool[Array, ""], Int[Array, ""]]:
-        """`(done, result)`: whether to stop now, and the RESULTS code if so."""
+        """`(done, result)`: whether to stop now, and the RESULTS code if so. The one test
+        of convergence: the driver stops where it says done and reports its `result`
+        (`max_steps_reached` where the step budget ran out first)."""
 
     @abc.abstractmethod
     def output(self, state: Any) -> tuple[Array, Array]:

@@ -150,22 +150,21 @@ def as_float(*arrays):
     return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
 
 
-# The spin functions' default adjoint: GMRES with 5-vector Krylov cycles. Spin fixed points
-# away from criticality are well conditioned, so a cycle or two solves the adjoint system to
-# round-off, where the Anderson-on-Richardson default of `solvers.Implicit()` stops at its
-# relative tolerance (1e-5, i.e. gradients within ~1e-5..1e-4 relative).
+#: The spin functions' adjoint where they are given `adjoint=None`: GMRES with 5-vector
+#: Krylov cycles. Spin fixed points away from criticality are well conditioned, so a cycle
+#: or two solves the adjoint system to round-off, where the Anderson-on-Richardson default
+#: of `solvers.Implicit()` stops at its relative tolerance `rtol`.
 DEFAULT_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5))
 
 
-def solve(fn, x0, args, *, solver, adjoint, throw, default_solver=solvers.Anderson()):
-    """`solvers.fixed_point` with the spin defaults: `default_solver` when `solver` is None
-    and `DEFAULT_ADJOINT` when `adjoint` is None. Returns the `Solution`."""
-    return solvers.fixed_point(
-        fn, x0, args,
-        solver=default_solver if solver is None else solver,
-        adjoint=DEFAULT_ADJOINT if adjoint is None else adjoint,
-        throw=throw,
-    )
+def solve(fn, x0, args, *, solver, adjoint, throw, default_solver=None):
+    """`solvers.fixed_point` with the spin defaults: where `solver` is None, `default_solver`
+    (a spin function's own) or, where that is None too, `fixed_point`'s default; where
+    `adjoint` is None, `DEFAULT_ADJOINT`. Returns the `Solution`."""
+    solver = default_solver if solver is None else solver
+    given = {} if solver is None else {"solver": solver}  # (else fixed_point's default)
+    return solvers.fixed_point(fn, x0, args, adjoint=DEFAULT_ADJOINT if adjoint is None
+                               else adjoint, throw=throw, **given)
 
 
 def check_damping(name: str, damping) -> None:

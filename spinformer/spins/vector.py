@@ -37,10 +37,13 @@ from .. import solvers
 from . import kinetic
 from ._bessel import inverse_ratio, ratio, ratio_and_over_x, ratio_derivatives
 from ._bessel import bessel_ratio as bessel_ratio
+from ._common import DEFAULT_ADJOINT as DEFAULT_ADJOINT
 from ._common import (Adjoint, Matrix, Scalar, Solver, Spins, as_float, check_square, matmul_rt,
                       solve)
 
 __all__ = [
+    "DEFAULT_ADJOINT",
+    "NESS_SOLVER",
     "bessel_ratio",
     "magnetization",
     "inverse_magnetization",
@@ -354,9 +357,8 @@ def tap_step(
     large-D covariance (the post uses R² − ‖m_j‖², equal to leading order in D).
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
-    R² = D/2 − 1), `solver` (`None` means `solvers.Anderson()`: tol 1e-5 in the ∞-norm),
-    `adjoint` (`None` means `Implicit(linear_solver=GMRES(restart=5))`), `throw` as
-    `solvers.fixed_point`.
+    R² = D/2 − 1), `solver` (`None`: `solvers.fixed_point`'s default), `adjoint` (`None`:
+    `DEFAULT_ADJOINT`), `throw` as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution`; its `value` holds the magnetizations at t, `(n, D)`.
     """
@@ -367,7 +369,8 @@ def tap_step(
                  throw=throw)
 
 
-_NESS_SOLVER = solvers.Anderson(tol=1e-3)
+#: The solver of `tap_ness` and `mean_field_ness` where they are given `solver=None`.
+NESS_SOLVER = solvers.Anderson(tol=1e-3)
 
 
 def _ness(name, ness_map, x, J, beta, R, solver, adjoint, throw, m0):
@@ -377,7 +380,7 @@ def _ness(name, ness_map, x, J, beta, R, solver, adjoint, throw, m0):
         m0 = _phi_large(x, beta, R)
     m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
     return solve(ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint, throw=throw,
-                 default_solver=_NESS_SOLVER)
+                 default_solver=NESS_SOLVER)
 
 
 def tap_ness(
@@ -393,9 +396,9 @@ def tap_ness(
     **Arguments:**
 
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
-    - `solver`: `None` means `solvers.Anderson(tol=1e-3)` (∞-norm residual; pass e.g.
-      `Anderson(tol=1e-6, norm=solvers.l2_norm)` for another rule); `adjoint`: `None` means
-      `Implicit(linear_solver=GMRES(restart=5))`; `throw` as `solvers.fixed_point`.
+    - `solver`: `None` means `NESS_SOLVER` (pass e.g. `Anderson(tol=1e-6,
+      norm=solvers.l2_norm)` for another stopping rule); `adjoint`: `None` means
+      `DEFAULT_ADJOINT`; `throw` as `solvers.fixed_point`.
     - `m0`: initial guess, default the decoupled response φ(x).
 
     **Returns:** a `solvers.Solution`; its `value` holds the steady state `(n, D)`.

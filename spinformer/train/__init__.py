@@ -11,20 +11,14 @@ from ._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from ._diagnose import diagnose, diagnostics_table
-from ._experiment import (
-    RunDirError,
-    build_dataset,
-    build_model,
-    build_objective,
-    build_optimizer,
-    load_run,
-    run,
-)
+from ._diagnose_run import diagnose, diagnostics_table
+from ._build import build_dataset, build_model, build_objective, build_optimizer
+from ._experiment import load_run, run
 from ._flops import StepFlops, step_flops
 from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
+from ._rundir import RunDirError
 from ._objective import Objective, evaluate, init_stream_state, loss_fn
 from ._optim import make_optimizer, make_schedule, num_params
 from ._state import RunState

@@ -19,6 +19,11 @@ import jax.numpy as jnp
 
 from .. import config as _config
 from .. import solvers as _solvers
+from ._build import build_dataset, build_model, build_objective, build_optimizer
+from ._loop import train_batch
+from ._objective import loss_fn
+from ._state import RunState
+from ._step import jit_step
 
 MAX_SCAN = 64  # fixed-length scans up to this length are written out while counting
 _UNROLLABLE = (_solvers.Picard, _solvers.Anderson)  # the solvers with `unroll`
@@ -83,12 +88,6 @@ def scans_written_out(max_len: int = MAX_SCAN):
 def _counts(cfg: "_config.Config", dataset) -> tuple[float, float]:
     """XLA's FLOPs of `cfg`'s training step and of its forward loss alone, scans written
     out, on the first training batch of `dataset`."""
-    from ._experiment import build_model, build_objective, build_optimizer
-    from ._loop import _train_batch
-    from ._objective import loss_fn
-    from ._state import RunState
-    from ._step import jit_step
-
     with scans_written_out():
         model = build_model(cfg, dataset, key=jax.random.key(0))
         optimizer = build_optimizer(cfg)
@@ -97,7 +96,7 @@ def _counts(cfg: "_config.Config", dataset) -> tuple[float, float]:
         step = jit_step(optimizer, accumulate=cfg.train.accumulate,
                         precision=cfg.train.precision, objective=objective)
         batch = {k: jnp.asarray(v) for k, v in
-                 _train_batch(dataset, 0, cfg.train.accumulate).items()}
+                 train_batch(dataset, 0, cfg.train.accumulate).items()}
         key = jax.random.key(0)
         full = xla_flops(step, state, batch, key)
         one = jax.tree.map(lambda v: v[0], batch) if cfg.train.accumulate > 1 else batch
@@ -111,15 +110,13 @@ def unrolled_config(cfg: "_config.Config", k: int, adjoint: bool = True,
     """`cfg` with its attention's solver unrolled to `k` iterations (`picard`: plain Picard
     iterations with the solver's damping) and, with `adjoint`, the unrolled adjoint; None
     when the attention has no solver that unrolls."""
-    section = cfg.model.section()
-    if section is None or not isinstance(getattr(section, "solver", None), _UNROLLABLE):
+    if not isinstance(getattr(cfg.model.attention, "solver", None), _UNROLLABLE):
         return None
-    name = cfg.model.attention
-    changes = {f"model.{name}.solver.unroll": True, f"model.{name}.solver.max_steps": k}
+    changes = {"model.attention.solver.unroll": True, "model.attention.solver.max_steps": k}
     if picard:
-        changes[f"model.{name}.solver.name"] = "picard"
+        changes["model.attention.solver.name"] = "picard"
     if adjoint:
-        changes[f"model.{name}.adjoint"] = "unrolled"
+        changes["model.attention.adjoint"] = "unrolled"
     return cfg.replace(changes)
 
 
@@ -141,13 +138,11 @@ def step_flops(cfg: "_config.Config", dataset=None) -> StepFlops:
     it is; one whose loop does not unroll (the free-energy saddle) is counted once, `exact`
     False. `dataset`: `build_dataset(cfg)` by default.
     """
-    from ._experiment import build_dataset
-
     if cfg.data.stream:
         raise _config.ConfigError("counting training FLOPs (train.count_flops) does not "
                                   "support data.stream=true: its steps carry a state.")
     dataset = build_dataset(cfg) if dataset is None else dataset
-    section = cfg.model.section()
+    section = cfg.model.attention
     if unrolled_config(cfg, 1) is None:
         has_loop = isinstance(getattr(section, "solver", None), _solvers.AbstractSolver)
         return StepFlops(_counts(cfg, dataset)[0], exact=not has_loop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pathlib
@@ -17,10 +18,12 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import _toolchain
+from ..config import ConfigError, DataConfig, TrainConfig
 from . import _checkpoint as ckpt
 from . import _mesh, _orbax
 from ._figures import plot_run
-from ._objective import evaluate, init_stream_state
+from ._objective import evaluate, init_stream_state, objective_for
+from ._optim import optimizer_for, schedule_for
 from ._state import RunState, host_step
 from ._step import jit_step, to_device
 
@@ -205,7 +208,7 @@ def skipped_steps_note(summary: dict) -> str:
             "at them; loss.png marks where.")
 
 
-def _train_batch(dataset, step: int, accumulate: int):
+def train_batch(dataset, step: int, accumulate: int):
     """The batch of optimizer step `step`: `dataset.batch(step)`, or with accumulation the
     micro-batches `step*k .. step*k + k-1` stacked on a new leading axis."""
     if accumulate == 1:
@@ -216,74 +219,62 @@ def _train_batch(dataset, step: int, accumulate: int):
 
 def fit(
     model,
-    optimizer,
     dataset,
+    options: TrainConfig = TrainConfig(),
     *,
     out_dir,
-    steps: int,
-    seed: int = 0,
-    eval_batches: int = 8,
-    log_every: int = 10,
-    eval_every: int = 100,
-    patience: int = 0,
-    checkpoint_every: int = 0,
-    keep_checkpoints: int = 3,
     resume: bool = False,
-    progress: bool = True,
-    lr_schedule=None,
-    extra_summary: Optional[dict[str, Any]] = None,
-    max_bad_steps: int = 20,
-    accumulate: int = 1,
-    precision: str = "float32",
-    mesh=None,
-    checkpointer: str = "native",
-    objective=None,
+    eval_batches: Optional[int] = None,
     stream: bool = False,
     trackers: Sequence = (),
     flops=None,
+    extra_summary: Optional[dict[str, Any]] = None,
 ):
-    """Train `model` on `dataset` and write a run directory.
+    """Train `model` on `dataset` as `options` say and write a run directory.
 
     **Arguments:**
 
-    - `model`, `optimizer`: an Equinox model (called per example) and an optax optimizer.
-    - `dataset`: anything with `batch(index, split)` (see `spinformer.data`).
+    - `model`: an Equinox model (called per example); `dataset`: anything with
+      `batch(index, split)` (see `spinformer.data`).
+    - `options`: the training options, a `config.TrainConfig` (a config's `cfg.train`); each
+      field's meaning and default is there. `fit` reads them all (`count_flops` asks for
+      `flops`): the optimizer, its schedule and the objective (`make_optimizer`,
+      `Objective`), `steps`, `seed` (dropout keys are `fold_in(key(seed), step)`), the
+      device mesh (`mesh`: see below), logging, evaluation, early stopping (`patience`),
+      checkpoints (`checkpoint_every`, `keep_checkpoints`, `checkpointer`: `auto` is orbax
+      only when parameters are split over a `model` axis of several processes), the progress
+      display (on stderr: a tqdm bar on a terminal, otherwise one line every
+      `PROGRESS_EVERY_S` seconds), skipped steps (`max_bad_steps`: a step with a non-finite
+      loss, gradient or update changes nothing and is counted in `bad_steps`; that many in a
+      row raise `FloatingPointError` after writing a checkpoint of the still finite state),
+      `accumulate`, `precision` (see `jit_step`) and `tensorboard` (a `TensorBoard` tracker
+      in `out_dir/tensorboard`, closed at the end).
     - `out_dir`: where `metrics.jsonl`, `summary.json`, checkpoints and figures go.
-    - `steps`: total optimizer steps; `seed`: dropout keys are `fold_in(key(seed), step)`.
-    - `eval_batches`, `log_every`, `eval_every`, `patience` (evaluations without a better
-      validation loss before stopping; 0: never), `checkpoint_every` (0: only at the end),
-      `keep_checkpoints`.
     - `resume`: continue from the newest intact checkpoint in `out_dir`; the result equals an
       uninterrupted run's.
-    - `progress`: show progress on stderr: a tqdm bar when stderr is a terminal, otherwise
-      one line every `PROGRESS_EVERY_S` seconds (a log file gets no bar redraws).
-    - `max_bad_steps`: a step with a non-finite loss, gradient or update is skipped (nothing
-      changes; the records count them in `bad_steps`); this many in a row raise
-      `FloatingPointError` after writing a checkpoint of the (still finite) state.
-    - `accumulate`, `precision`, `objective`: see `jit_step`.
+    - `eval_batches`: validation batches per evaluation (None: `config.DataConfig`'s
+      default, the `data.eval_batches` of a config).
     - `stream`: the batches are consecutive chunks of parallel streams
-      (`data.CharText(stream=True)`) and the model's attention carries its state: training
-      starts from a zero state ("no history") and feeds each step the state the previous
-      step returned, with no gradient into earlier chunks (truncated backpropagation through
-      time); the state is part of every checkpoint (`RunState.stream`), so a resumed run
-      equals an uninterrupted one. Each evaluation carries its own state through the
-      validation batches, from zeros.
-    - `checkpointer`: `"native"` (one checksummed file per checkpoint, written by process 0
-      from whole arrays) or `"orbax"` (orbax-checkpoint: every process writes its own shards
-      under `out_dir/orbax/`; for state no process holds whole). Resume reads the same kind.
-    - `mesh`: a `jax.sharding.Mesh` from `make_mesh` (None: this process's default device,
-      nothing sharded). Batches are split over its `data` axis, the model and optimiser
-      state replicated (or split over `model`); the metrics are global. With several
-      processes only process 0 writes files.
-
+      (`data.CharText(stream=True)`, `data.stream`) and the model's attention carries its
+      state: training starts from a zero state ("no history") and feeds each step the state
+      the previous step returned, with no gradient into earlier chunks (truncated
+      backpropagation through time); the state is part of every checkpoint
+      (`RunState.stream`), so a resumed run equals an uninterrupted one. Each evaluation
+      carries its own state through the validation batches, from zeros.
     - `trackers`: experiment trackers (`train._trackers.Tracker`: `log`, `image`, `close`)
-      that get every record written to `metrics.jsonl` and, at the end, the run's figures;
-      e.g. `TensorBoard(out_dir / "tensorboard")` (`train.tensorboard: true`). Only the
-      writing process calls them; whoever made them closes them (`run` does).
-    - `flops`: a `train._flops.StepFlops` (`step_flops(cfg)`): every step's training FLOPs
-      from its own solver counts are summed into `flops`, written with every record, in
-      the checkpoints (a resumed run continues the sum) and in the summary. Skipped steps
-      count: their arithmetic was spent.
+      that get every record written to `metrics.jsonl` and, at the end, the run's figures.
+      Only the writing process calls them; whoever made them closes them.
+    - `flops`: a `StepFlops` (`step_flops(cfg)`): every step's training FLOPs from its own
+      solver counts are summed into `flops`, written with every record, in the checkpoints
+      (a resumed run continues the sum) and in the summary. Skipped steps count: their
+      arithmetic was spent. `options.count_flops` without it is a `ValueError`.
+    - `extra_summary`: entries added to the summary (`baselines` are also drawn in the
+      figures).
+
+    The device mesh is `make_mesh(options.mesh)`, or none (the default device, nothing
+    sharded) where `options.mesh` is None on a single device: batches are split over its
+    `data` axis, the model and optimiser state replicated (or split over `model`); the
+    metrics are global. With several processes only process 0 writes files.
 
     SIGTERM or SIGINT (in the main thread) finish the step in flight, write a checkpoint and
     raise `TrainingInterrupted`; `resume=True` then continues bit-identically.
@@ -294,154 +285,243 @@ def fit(
 
     **Returns:** `(model, summary)` where `summary` is what `summary.json` holds.
     """
+    if options.count_flops and flops is None:
+        raise ValueError("options.count_flops=True: pass the step's FLOPs as "
+                         "flops=step_flops(cfg).")
+    with contextlib.ExitStack() as closing:
+        loop, state = _setup(model, dataset, options, out_dir=out_dir, resume=resume,
+                            eval_batches=eval_batches, stream=stream, trackers=trackers,
+                            flops=flops, closing=closing)
+        state, step, last_eval = _train(loop, state, dataset)
+        return state.model, _summarise(loop, state, step, last_eval, extra_summary)
+
+
+class _Loop:
+    """What the parts of `fit` share: what is fixed at the start (`options`, the optimizer,
+    its schedule, the objective, the checkpointer, the validation batches, the trackers) and
+    the host-side counters that every checkpoint holds (`es`: early stopping, `bad_total`,
+    `flops_total`, `elapsed_before`: the time before a resume)."""
+
+    def __init__(self, options: TrainConfig, out: pathlib.Path, *, stream: bool, mesh,
+                 trackers: Sequence, flops):
+        self.options, self.out, self.stream, self.mesh = options, out, stream, mesh
+        self.trackers, self.flops = tuple(trackers), flops
+        self.writer = _mesh.is_writer()
+        self.metrics_path = out / "metrics.jsonl"
+        self.optimizer = optimizer_for(options)
+        self.schedule = schedule_for(options)
+        self.objective = objective_for(options)
+        kind = options.checkpointer
+        if kind == "auto":  # orbax where no process holds whole arrays
+            split = mesh is not None and mesh.shape["model"] > 1 and jax.process_count() > 1
+            kind = "orbax" if split else "native"
+        if kind not in ("native", "orbax"):
+            raise ValueError(f"checkpointer={kind!r}: use 'auto', 'native' or 'orbax'.")
+        self.orbax = (_orbax.OrbaxCheckpoints(out, options.keep_checkpoints)
+                      if kind == "orbax" else None)
+        self.base_key = jax.random.key(options.seed)
+        self.es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0,
+                   "stopped_early": False}
+        self.elapsed_before, self.bad_total, self.flops_total = 0.0, 0, 0.0
+        self.eval_set: list = []
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t0
+
+    def place_batch(self, b):
+        return to_device(b) if self.mesh is None else _mesh.shard_batch(b, self.mesh)
+
+    def log(self, record: dict) -> None:
+        if self.writer:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            for t in self.trackers:
+                t.log(record)
+
+    def save(self, state: RunState, step: int):
+        """Write the checkpoint of `state` (at `step`); returns its path."""
+        meta = {
+            "data_position": step,
+            "rng": {"seed": self.options.seed,
+                    "key_data": np.asarray(jax.random.key_data(self.base_key)).tolist()},
+            "early_stopping": self.es,
+            "elapsed_s": self.now(),
+            "bad_steps": self.bad_total,
+            "flops": self.flops_total,
+        }
+        if self.orbax is not None:  # every process writes its own shards
+            return self.orbax.save(state, meta)
+        whole = state if self.mesh is None else _mesh.gather(state)
+        if self.writer:
+            return ckpt.save_checkpoint(self.out, whole, meta, keep=self.options.keep_checkpoints)
+        return ckpt.checkpoint_path(self.out, step)
+
+
+def _setup(model, dataset, options: TrainConfig, *, out_dir, resume: bool,
+           eval_batches: Optional[int], stream: bool, trackers: Sequence, flops,
+           closing: contextlib.ExitStack) -> tuple[_Loop, RunState]:
+    """The run directory, the trackers, the device mesh, the first `RunState` (or the one a
+    resume reads back, with the counters of its checkpoint and the records up to its step),
+    placed on the devices, and the validation batches."""
     out = pathlib.Path(out_dir)
+    mesh = _mesh.mesh_for(options.mesh)
     _toolchain.check_jaxlib()
     writer = _mesh.is_writer()
     if writer:
         out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
+    if options.tensorboard and writer:
+        from ._trackers import TensorBoard
+
+        try:
+            board = TensorBoard(out / "tensorboard")
+        except ImportError as e:
+            raise ConfigError(f"train.tensorboard=true: {e}") from None
+        closing.callback(board.close)
+        trackers = (*trackers, board)
+    loop = _Loop(options, out, stream=stream, mesh=mesh, trackers=trackers, flops=flops)
     # streaming: the state carried from step to step (host values until placed below)
     carried = np.asarray(init_stream_state(model, dataset.batch(0, "train"))) if stream else None
-    state = RunState.init(model, optimizer, stream=carried)
-    start = 0
-    es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0, "stopped_early": False}
-    elapsed_before, bad_total, flops_total = 0.0, 0, 0.0
+    state = RunState.init(model, loop.optimizer, stream=carried)
     records_kept: list[dict] = []
-    if checkpointer not in ("native", "orbax"):
-        raise ValueError(f"checkpointer={checkpointer!r}: use 'native' or 'orbax'.")
-    orbax = _orbax.OrbaxCheckpoints(out, keep_checkpoints) if checkpointer == "orbax" else None
     if resume:
-        if orbax is not None:  # each process reads its own shards onto the current mesh
+        if loop.orbax is not None:  # each process reads its own shards onto the current mesh
             shardings = None if mesh is None else _mesh.state_shardings(state, mesh)
-            got = orbax.restore_latest(state, shardings)
+            got = loop.orbax.restore_latest(state, shardings)
         else:
             got = ckpt.load_latest(out, state)
         if got is not None:
             state, meta = got
             start = host_step(state)
-            es = meta.get("early_stopping", es)
-            elapsed_before = float(meta.get("elapsed_s", 0.0))
-            bad_total = int(meta.get("bad_steps", 0))
-            flops_total = float(meta.get("flops", 0.0))
+            loop.es = meta.get("early_stopping", loop.es)
+            loop.elapsed_before = float(meta.get("elapsed_s", 0.0))
+            loop.bad_total = int(meta.get("bad_steps", 0))
+            loop.flops_total = float(meta.get("flops", 0.0))
             if meta.get("data_position", start) != start:
                 raise RuntimeError("checkpoint data position does not match its step.")
-            records_kept = [r for r in _read_records(metrics_path) if r.get("step", 0) <= start]
+            records_kept = [r for r in _read_records(loop.metrics_path)
+                            if r.get("step", 0) <= start]
     if writer:
-        _write_records(metrics_path, records_kept)
-
-    def place_batch(b):
-        return to_device(b) if mesh is None else _mesh.shard_batch(b, mesh)
-
+        _write_records(loop.metrics_path, records_kept)
     if mesh is not None:  # the stream state split over `data` like the batches
         state = _mesh.place_state(state, mesh)
     elif state.stream is not None:
         state = eqx.tree_at(lambda s: s.stream, state,
-                            place_batch({"state": state.stream})["state"])
-    eval_set = [place_batch(dataset.batch(i, "val")) for i in range(eval_batches)]
-    base_key = jax.random.key(seed)
-    t0 = time.perf_counter()
+                            loop.place_batch({"state": state.stream})["state"])
+    if eval_batches is None:
+        eval_batches = DataConfig().eval_batches
+    loop.eval_set = [loop.place_batch(dataset.batch(i, "val")) for i in range(eval_batches)]
+    loop.t0 = time.perf_counter()
+    return loop, state
 
-    def now():
-        return elapsed_before + time.perf_counter() - t0
 
-    def log(record):
-        if writer:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            for t in trackers:
-                t.log(record)
-
-    def save(step):  # the checkpoint of `state` (at `step`)
-        meta = {
-            "data_position": step,
-            "rng": {"seed": seed, "key_data": np.asarray(jax.random.key_data(base_key)).tolist()},
-            "early_stopping": es,
-            "elapsed_s": now(),
-            "bad_steps": bad_total,
-            "flops": flops_total,
-        }
-        if orbax is not None:  # every process writes its own shards
-            return orbax.save(state, meta)
-        whole = state if mesh is None else _mesh.gather(state)
-        if writer:
-            return ckpt.save_checkpoint(out, whole, meta, keep=keep_checkpoints)
-        return ckpt.checkpoint_path(out, step)
-
-    step = start
+def _train(loop: _Loop, state: RunState, dataset) -> tuple[RunState, int, Optional[dict]]:
+    """The step loop, from `state.step` to `options.steps` (or an early stop): each step's
+    record, skipped steps, evaluation, checkpoints and stop signals. Returns the final state,
+    its step and the last evaluation (None when no step was taken)."""
+    o = loop.options
+    step = host_step(state)
     last_eval: Optional[dict] = None
-    train_step = jit_step(optimizer, accumulate=accumulate, precision=precision,
-                          mesh=mesh, objective=objective)  # compiled once
-    show = _Progress(out.name, steps, start, enabled=progress and writer)
+    train_step = jit_step(loop.optimizer, accumulate=o.accumulate, precision=o.precision,
+                          mesh=loop.mesh, objective=loop.objective)  # compiled once
+    show = _Progress(loop.out.name, o.steps, step, enabled=o.progress and loop.writer)
     bad_run = 0
     with StopSignals() as signals:
         try:
-            while step < steps and not es["stopped_early"]:
-                batch = place_batch(_train_batch(dataset, step, accumulate))
-                key = jax.random.fold_in(base_key, step)
+            while step < o.steps and not loop.es["stopped_early"]:
+                batch = loop.place_batch(train_batch(dataset, step, o.accumulate))
+                key = jax.random.fold_in(loop.base_key, step)
                 state, metrics = train_step(state, batch, key)
                 step += 1  # = state.step, kept on the host
                 bad = bool(metrics["bad_step"])
                 bad_run = bad_run + 1 if bad else 0
-                bad_total += bad
-                if flops is not None:
-                    flops_total += flops.of_metrics(
-                        {k: float(metrics[k]) for k in ("solver_steps", "backward_steps")
-                         if k in metrics})
-                counted = {"flops": flops_total} if flops is not None else {}
-                rec = None
-                if step % log_every == 0 or step == steps or bad_run >= max_bad_steps:
-                    rec = {"step": step, "split": "train",
-                           **{k: float(v) for k, v in metrics.items()}, "bad_steps": bad_total,
-                           **counted}
-                    if lr_schedule is not None:
-                        rec["lr"] = float(lr_schedule(step - 1))
-                    rec["time_s"] = round(now(), 3)
-                    log(rec)
-                if bad_run >= max_bad_steps:
-                    path = save(step)
+                loop.bad_total += bad
+                rec = _record_step(loop, step, metrics, bad_run)
+                if bad_run >= o.max_bad_steps:
+                    path = loop.save(state, step)
                     raise FloatingPointError(_divergence_message(
-                        step, bad_run, {k: float(v) for k, v in metrics.items()}, out, path))
+                        step, bad_run, {k: float(v) for k, v in metrics.items()}, loop.out,
+                        path))
                 show.update(step, rec)
-                if step % eval_every == 0 or step == steps:
-                    last_eval = evaluate(state.model, eval_set, objective=objective,
-                                         stream=stream)
-                    log({"step": step, "split": "val", **last_eval, "time_s": round(now(), 3),
-                         **counted})
-                    if last_eval["loss"] < es["best_loss"]:
-                        es.update(best_loss=last_eval["loss"], best_step=step, bad_evals=0)
-                    else:
-                        es["bad_evals"] += 1
-                        if patience and es["bad_evals"] >= patience:
-                            es["stopped_early"] = True
-                if checkpoint_every and step % checkpoint_every == 0:
-                    save(step)
+                if step % o.eval_every == 0 or step == o.steps:
+                    last_eval = _evaluate(loop, state, step)
+                if o.checkpoint_every and step % o.checkpoint_every == 0:
+                    loop.save(state, step)
                 if signals.received is not None:
-                    path = save(step)
+                    path = loop.save(state, step)
                     raise TrainingInterrupted(signals.received, step, path)
         finally:
             show.close()
+    return state, step, last_eval
 
-    records = _read_records(metrics_path) if writer else []
+
+def _counted(loop: _Loop) -> dict:
+    """The running totals written with every record (the FLOPs, when counted)."""
+    return {"flops": loop.flops_total} if loop.flops is not None else {}
+
+
+def _record_step(loop: _Loop, step: int, metrics: dict, bad_run: int) -> Optional[dict]:
+    """Add the step's FLOPs to the total, and log its training record when it is due (every
+    `log_every` steps, the last step, a run of skipped steps that stops training); returns
+    the record (None when none was due)."""
+    o = loop.options
+    if loop.flops is not None:
+        loop.flops_total += loop.flops.of_metrics(
+            {k: float(metrics[k]) for k in ("solver_steps", "backward_steps") if k in metrics})
+    if not (step % o.log_every == 0 or step == o.steps or bad_run >= o.max_bad_steps):
+        return None
+    rec = {"step": step, "split": "train", **{k: float(v) for k, v in metrics.items()},
+           "bad_steps": loop.bad_total, **_counted(loop)}
+    rec["lr"] = float(loop.schedule(step - 1))
+    rec["time_s"] = round(loop.now(), 3)
+    loop.log(rec)
+    return rec
+
+
+def _evaluate(loop: _Loop, state: RunState, step: int) -> dict:
+    """Evaluate on the validation batches, log the record and update early stopping (a
+    better loss resets the count; `patience` evaluations without one stop the run)."""
+    result = evaluate(state.model, loop.eval_set, objective=loop.objective, stream=loop.stream)
+    loop.log({"step": step, "split": "val", **result, "time_s": round(loop.now(), 3),
+             **_counted(loop)})
+    es = loop.es
+    if result["loss"] < es["best_loss"]:
+        es.update(best_loss=result["loss"], best_step=step, bad_evals=0)
+    else:
+        es["bad_evals"] += 1
+        if loop.options.patience and es["bad_evals"] >= loop.options.patience:
+            es["stopped_early"] = True
+    return result
+
+
+def _summarise(loop: _Loop, state: RunState, step: int, last_eval: Optional[dict],
+               extra_summary: Optional[dict]) -> dict:
+    """The final checkpoint (unless the last step wrote one), `summary.json` and the
+    figures; returns the summary."""
+    o = loop.options
+    records = _read_records(loop.metrics_path) if loop.writer else []
     if last_eval is None:  # resumed a finished run: every process evaluates (collectives)
-        last_eval = evaluate(state.model, eval_set, objective=objective, stream=stream)
-    if not (checkpoint_every and step % checkpoint_every == 0):
-        save(step)
+        last_eval = evaluate(state.model, loop.eval_set, objective=loop.objective,
+                             stream=loop.stream)
+    if not (o.checkpoint_every and step % o.checkpoint_every == 0):
+        loop.save(state, step)
+    flops = loop.flops
     summary = {
         "steps": step,
         "metrics": last_eval,
-        "best": {"step": es["best_step"], "loss": es["best_loss"]},
-        "stopped_early": bool(es["stopped_early"]),
-        "bad_steps": bad_total,
-        "wall_time_s": round(now(), 2),
-        **({"flops": flops_total, "step_flops": {k: v for k, v in flops._asdict().items()
-                                                   if v == v}} if flops is not None else {}),
+        "best": {"step": loop.es["best_step"], "loss": loop.es["best_loss"]},
+        "stopped_early": bool(loop.es["stopped_early"]),
+        "bad_steps": loop.bad_total,
+        "wall_time_s": round(loop.now(), 2),
+        **({"flops": loop.flops_total, "step_flops": {k: v for k, v in flops._asdict().items()
+                                                      if v == v}} if flops is not None else {}),
         **(extra_summary or {}),
     }
-    if writer:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        figures = plot_run(records, out, title=out.name,
+    if loop.writer:
+        (loop.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        figures = plot_run(records, loop.out, title=loop.out.name,
                            baselines=(extra_summary or {}).get("baselines"))
-        for t in trackers:
+        for t in loop.trackers:
             for path in figures:
                 t.image(f"figures/{path.stem}", path, step)
-    return state.model, summary
+    return summary

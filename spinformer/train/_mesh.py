@@ -120,6 +120,14 @@ def make_mesh(spec: Optional[Mapping[str, int]] = None, devices=None) -> Mesh:
     return Mesh(grid, ("data", "model"))
 
 
+def mesh_for(spec: Optional[Mapping[str, int]]) -> Optional[Mesh]:
+    """The mesh a run trains on for `train.mesh = spec`: `make_mesh(spec)`, or None (nothing
+    sharded, the default device) when no mesh is asked for and there is one device."""
+    if spec is None and jax.device_count() == 1:
+        return None
+    return make_mesh(spec)
+
+
 def _param_spec(x, model_size: int) -> P:
     """Replicated, or the last axis split over `model` for large enough matrices."""
     if (model_size > 1 and getattr(x, "ndim", 0) >= 2 and x.size >= MODEL_SHARD_MIN_SIZE

@@ -40,6 +40,12 @@ class Objective:
     local_losses: bool = False
 
 
+def objective_for(options) -> Objective:
+    """The objective of a run's training options (a `config.TrainConfig`): its
+    `entropy_weight` and `local_losses`."""
+    return Objective(entropy_weight=options.entropy_weight, local_losses=options.local_losses)
+
+
 def _forward(model, inputs, key, state=None):
     """Logits and diagnostics for a batch; `state (B, ...)`, if given, is passed to each
     example's call as `state=` (an attention that carries its state: streaming)."""

@@ -57,6 +57,23 @@ def make_optimizer(
     return tx
 
 
+def optimizer_for(options) -> optax.GradientTransformation:
+    """The optimizer of a run's training options (a `config.TrainConfig`): `make_optimizer`
+    with its `steps`, `lr`, `coupling_lr`, `weight_decay`, `coupling_weight_decay`,
+    `warmup_steps`, `min_lr_ratio` and `grad_clip`."""
+    o = options
+    return make_optimizer(
+        steps=o.steps, lr=o.lr, coupling_lr=o.coupling_lr, weight_decay=o.weight_decay,
+        coupling_weight_decay=o.coupling_weight_decay,
+        warmup_steps=o.warmup_steps, min_lr_ratio=o.min_lr_ratio, grad_clip=o.grad_clip,
+    )
+
+
+def schedule_for(options):
+    """The learning rate of `optimizer_for(options)` by step (its default group's)."""
+    return make_schedule(options.lr, options.steps, options.warmup_steps, options.min_lr_ratio)
+
+
 def params_of(model) -> PyTree:
     """The trainable leaves of `model` (its floating arrays; other leaves None)."""
     return eqx.filter(model, eqx.is_inexact_array)

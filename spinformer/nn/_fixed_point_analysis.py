@@ -28,7 +28,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .. import solvers
 from .._schema import choice
 from ..spins import vector
-from ._diagnostics import Diagnostics, Stats
+from ._attention_diagnostics import Diagnostics, Stats
 from ._spin import SpinAttention, SpinUpdate
 from ._transformer import SequenceModel, Transformer
 
@@ -38,7 +38,6 @@ EXACT_MAX = 512
 _POWER_STEPS = 100
 # Solutions closer than this many solver tolerances are one fixed point (see `cluster_tol`).
 _CLUSTER_FACTOR = 100.0
-_DEFAULT_SOLVER = solvers.Anderson(tol=1e-3)
 
 
 class FixedPointAnalysis(eqx.Module):
@@ -151,7 +150,7 @@ def steady_state_analysis(
     - `update`: the update rule, `TAPUpdate()` / `MeanFieldUpdate()` or its name `"tap"` /
       `"mean_field"`.
     - `solver`: the fixed-point solver (its `tol`, `max_steps` and `norm` apply); default
-      `solvers.Anderson(tol=1e-3)`.
+      the steady-state solves' own, `spins.vector.NESS_SOLVER`.
     - `key`: PRNG key for the random starts (and the power iteration's start vector).
     - `num_starts`: random starts besides φ(x), ≥ 0.
     - `cluster_tol`: distance under which two solutions are one fixed point; default
@@ -171,7 +170,7 @@ def steady_state_analysis(
     n, dh = jnp.shape(x)
     if jnp.shape(J) != (n, n):
         raise ValueError(f"{name}: J must have shape (n, n) = ({n}, {n}); got {jnp.shape(J)}.")
-    solver = _DEFAULT_SOLVER if solver is None else solver
+    solver = vector.NESS_SOLVER if solver is None else solver
     tol = _CLUSTER_FACTOR * solver.tol if cluster_tol is None else cluster_tol
     if not tol >= 0:
         raise ValueError(f"{name}: cluster_tol={cluster_tol!r} must be >= 0.")

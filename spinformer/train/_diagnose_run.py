@@ -212,7 +212,7 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     fp = analyses[0].fixed_points
     summary = {
         "run_dir": str(run_dir),
-        "attention": cfg.model.attention,
+        "attention": cfg.model.attention.name,
         "examples": examples,
         "starts": starts,
         "seed": seed,
@@ -223,7 +223,7 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnostics.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(layers, out / "diagnostics.png",
-          f"{run_dir.name}: {cfg.model.attention} attention, {summary['examples']} validation "
+          f"{run_dir.name}: {cfg.model.attention.name} attention, {summary['examples']} validation "
           "examples")
     say()
     return summary
