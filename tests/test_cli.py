@@ -38,7 +38,7 @@ def shrink(cfg: C.Config, tmp_path) -> list[str]:
             sets[f"model.{field}.train_samples"] = 3
             sets[f"model.{field}.eval_samples"] = 3
     if cfg.data.task == "snli":
-        sets["data.path"] = str(ROOT / "tests" / "data" / "nli_sample.jsonl")
+        sets["data.path"] = str(ROOT / "tests" / "fixtures" / "nli_sample.jsonl")
     if cfg.data.task == "fashion_mnist":  # the scikit-learn digits: no system package needed
         sets.update({"data.task": "digits", "model.embed": "patch", "model.patch": 4})
     if cfg.data.task == "chars":

@@ -34,7 +34,7 @@ MISSING_PEERS = tuple(m for m in ("optimistix", "banax") if importlib.util.find_
 # the experiment scripts run end to end by other test modules (not run again here)
 COVERED_ELSEWHERE = {
     "experiments/attractor.py":
-        "tests/test_attractor.py::test_experiment_quick_config_runs_resumes_and_reports",
+        "tests/nn/test_attractor.py::test_experiment_quick_config_runs_resumes_and_reports",
     "experiments/boltzmann_ablation.py":
         "tests/test_experiments.py::test_boltzmann_ablation_quick",
     "experiments/implicit_images.py": "tests/test_experiments.py::test_implicit_images_quick",

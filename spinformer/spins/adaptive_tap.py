@@ -466,8 +466,8 @@ def cavity_variances(
     - `C`: local covariances `(N, d, d)` (positive definite); `J`: couplings `(N, N, d, d)`.
     - `V0`: initial guess, default 0 (then the first update is the linear response of the
       independent-site system).
-    - `solver`, `adjoint`, `throw`: as `solvers.fixed_point` (`None`: `Anderson()` with tol
-      1e-5 on the ∞-norm, and the implicit adjoint with GMRES).
+    - `solver`, `adjoint`, `throw`: as `solvers.fixed_point` (`None`: its default solver, and
+      `spins.vector.DEFAULT_ADJOINT`).
 
     **Returns:** a `solvers.Solution` whose `value` is V `(N, d, d)`.
     """
@@ -612,9 +612,9 @@ _SOLVE_ARGS = """
       for a Boltzmann distribution (see `symmetrize_couplings` and the module docstring for
       other J).
     - `prior`: `"gaussian"` (N(0, I) per site) or `"binary"` (every component ±1).
-    - `solver`: a `spinformer.solvers` fixed-point solver with its stopping rule; `None` means
-      `Anderson()` (tol 1e-5 on the ∞-norm of the residual of (m, V), at most 100 steps).
-    - `adjoint`: how gradients flow; `None` means `Implicit(linear_solver=GMRES(restart=5))`.
+    - `solver`: a `spinformer.solvers` fixed-point solver with its stopping rule (on the
+      residual of (m, V)); `None`: `solvers.fixed_point`'s default.
+    - `adjoint`: how gradients flow (`None`: `spins.vector.DEFAULT_ADJOINT`).
     - `throw`: raise if the solve fails or its solution is invalid; with `False` the failure is
       reported in `result` (and an invalid solution's values are NaN).
     - `init`: initial `TAPState`, default the uncoupled sites (m = f(X; 0), V = 0).

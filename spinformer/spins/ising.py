@@ -174,9 +174,10 @@ def mean_field(
     - `K`: optional three-body couplings `(n, n, n)` (see `mean_field_update`).
     - `damping`: in [0, 1); iterates m ↦ damping·m + (1 − damping)·update(m) (same fixed
       points, more stable at strong coupling).
-    - `solver`: a `spinformer.solvers` solver with its stopping rule; `None` means
-      `Anderson()` (tol 1e-5, at most 100 steps).
-    - `adjoint`: how gradients flow; `None` means `Implicit(linear_solver=GMRES(restart=5))`.
+    - `solver`: a `spinformer.solvers` solver with its stopping rule (`None`:
+      `solvers.fixed_point`'s default).
+    - `adjoint`: how gradients flow (`None`: `spins.vector.DEFAULT_ADJOINT`, the spin
+      functions' one).
     - `m0`: initial guess, default tanh(βh) (the J = 0 solution).
     - `throw`: as `solvers.fixed_point`.
 

@@ -1,7 +1,7 @@
 """Data parallelism on forced host devices: a sharded step equals the one-device step, a
 sharded run resumes bit-identically, evaluation is global, two processes train as one.
 
-The checks run in child processes (`tests/sharding_worker.py`) started with
+The checks run in child processes (`tests/train/sharding_worker.py`) started with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`: the device count is fixed when JAX
 starts. On 2 CPU cores this tests correctness, not speed.
 """
@@ -30,7 +30,7 @@ def _env(devices: int) -> dict:
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                          f"--xla_force_host_platform_device_count={devices}".strip())
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(WORKER.parents[1]), *filter(None, [env.get("PYTHONPATH")])])
+        [str(WORKER.parents[2]), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

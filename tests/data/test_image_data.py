@@ -575,7 +575,7 @@ def test_reconstruction_trains_below_the_identity_baseline(tmp_path):
     the corrupted image does."""
     import spinformer as sf
 
-    cfg = sf.config.load_config(pathlib.Path(__file__).parent.parent / "configs" /
+    cfg = sf.config.load_config(pathlib.Path(__file__).parents[2] / "configs" /
                                 "fmnist_softmax.yaml").replace({
         "data.task": "digits", "data.corrupt": "mask", "data.batch_size": 32,
         "data.eval_batches": 4, "model.embed": "patch", "model.patch": 2, "model.dim": 16,

@@ -638,7 +638,7 @@ def test_default_solver_converges_where_anderson_stalled():
 
     from spinformer.spins import ising
 
-    data = np.load(pathlib.Path(__file__).parent / "data" / "boltzmann_stall.npz")
+    data = np.load(pathlib.Path(__file__).parents[1] / "fixtures" / "boltzmann_stall.npz")
     default = nn.BoltzmannConfig().solver
     old = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", False)

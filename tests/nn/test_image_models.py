@@ -13,7 +13,7 @@ import pytest
 from spinformer import cli, nn, solvers
 from spinformer.spins import free_energy as fe
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DIM, N = 6, 5
 
 call = eqx.filter_jit(lambda a, x, **kw: a(x, **kw))

@@ -16,7 +16,7 @@ import pytest
 import spinformer as sf
 from spinformer.spins import attractor as A
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _system(N=5, d=4, seed=0, scale=0.7):

@@ -13,7 +13,7 @@ import pytest
 from spinformer import cli, nn, solvers
 from spinformer import config as C
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 V, D, L = 11, 24, 12
 TIGHT = solvers.Anderson(tol=1e-6, max_steps=300)
 

@@ -13,7 +13,7 @@ import pytest
 from spinformer import config as C
 from spinformer import data, nn, solvers, train
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _tiny_cfg(**over):

@@ -14,7 +14,7 @@ from spinformer import cli, nn, train
 from spinformer import config as C
 from spinformer.spins import vector
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 analyse = eqx.filter_jit(nn.steady_state_analysis)
 
 

@@ -12,7 +12,7 @@ import pytest
 from spinformer import data
 from spinformer.data import _logic, _nli, _pairs, _snli
 
-SAMPLE = pathlib.Path(__file__).parent / "data" / "nli_sample.jsonl"
+SAMPLE = pathlib.Path(__file__).parents[1] / "fixtures" / "nli_sample.jsonl"
 E, N, C = 0, 1, 2
 
 

@@ -1,10 +1,10 @@
-"""Checks that need several devices, run in a child process by tests/test_sharding.py.
+"""Checks that need several devices, run in a child process by tests/train/test_sharding.py.
 
 The parent starts this with `XLA_FLAGS=--xla_force_host_platform_device_count=4` (the device
 count is fixed when JAX starts, so it cannot be changed inside the pytest process). Each
 check prints one JSON line; the parent asserts on them.
 
-    python tests/sharding_worker.py CHECK [ARGS]
+    python tests/train/sharding_worker.py CHECK [ARGS]
 """
 
 from __future__ import annotations

@@ -1139,7 +1139,7 @@ def _signal_while_compiling(tmp_path, name, signals, group=False):
     `(process, stderr lines with the time each arrived, time sent)`."""
     import threading
 
-    cfgp = pathlib.Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+    cfgp = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
     out = tmp_path / name
     proc = _run_cli(["run", str(cfgp), "--out", str(out), "--no-progress", "--set",
                      "train.steps=50"], start_new_session=group)
@@ -1228,7 +1228,7 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "spinformer", "run",
                              "quickstart", "--out", str(tmp_path / "run")], env=env,
                             stderr=subprocess.PIPE, text=True,
-                            cwd=pathlib.Path(__file__).resolve().parent.parent)
+                            cwd=pathlib.Path(__file__).resolve().parents[2])
     lines = []
     for line in proc.stderr:  # `-X importtime`: a line as each module is imported
         lines.append(line)

@@ -14,7 +14,7 @@ from spinformer import config as C
 from spinformer import data, nn, train
 from spinformer.train import _figures, _loop
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 40
 T, B, DIM, DEPTH = 8, 4, 16, 2
 SPIN = dict(update="mean_field", mode="steps", num_steps=1, init="carried")
