@@ -413,9 +413,8 @@ class BoltzmannAttention(eqx.Module):
     - `init_scale`: standard deviation of the initial couplings (0: start at J = 0, i.e. at
       sigmoid attention).
     - `solver`, `adjoint`, `throw`: for `mean_field` / `tap` (the solver carries the
-      tolerance and step budget; default `Picard(tol=1e-4, max_steps=100, damping=0.2)`,
-      the config section's `solver`; `adjoint` defaults to the config section's,
-      `Implicit(rtol=1e-4)`).
+      tolerance and step budget; defaults: `BoltzmannConfig.solver` and
+      `BoltzmannConfig.adjoint`, as for every argument with a default here).
       `throw=False` (the default, as in the spin, free-energy and Hopfield attentions)
       returns the solver's best iterate and reports a failed solve in the diagnostics'
       solver statistics, which the trainer counts; `throw=True` raises instead, and then a

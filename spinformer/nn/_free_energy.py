@@ -110,9 +110,9 @@ class FreeEnergyAttention(eqx.Module):
       learned `Q`, `K` of shape `(H, D_h, D_h)`); kept in the field `couplings_kind`.
       `beta`: inverse temperature.
     - `output_proj`: a learned D × D map on the concatenated magnetizations.
-    - `solver`: the saddle's root finder (default `spins.free_energy.SaddleNewton(tol=1e-5,
-      max_steps=50)`); `adjoint` (default `spins.free_energy.SaddleImplicit()`, the
-      closed-form Hessian); `throw`.
+    - `solver`: the saddle's root finder and `adjoint` (defaults: `FreeEnergyConfig.solver`, a
+      `spins.free_energy.SaddleNewton`, and `FreeEnergyConfig.adjoint`, a `SaddleImplicit`
+      with the closed-form Hessian); `throw`.
     - `key`: PRNG key.
     """
 

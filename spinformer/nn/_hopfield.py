@@ -94,13 +94,13 @@ class HopfieldAttention(eqx.Module):
     - `mode`: `"fixed_point"`, `"steps"` or `"one_step"`: how far each query's state moves
       before the read-out (see the module docstring).
     - `num_steps`: updates in `"steps"` mode.
-    - `solver`, `adjoint`, `throw`: the retrieval's solve (default `Picard(tol=1e-3,
-      max_steps=100)` and `Phantom()`); `throw=False` (the default) reports a failed
-      retrieval in the diagnostics instead of raising. Why not `Implicit()`: on bracket
-      matching (configs/brackets_hopfield.yaml) training moves the learned queries and keys
-      to where retrievals sit near bifurcations of the update (its Jacobian
-      β Kᵀ(diag p − ppᵀ)K nears an eigenvalue 1), where the implicit backward solve misses
-      its tolerance and gives NaN gradients, so most training steps are skipped; phantom
+    - `solver`, `adjoint`, `throw`: the retrieval's solve (defaults: `HopfieldConfig.solver`, a
+      Picard iteration, and `HopfieldConfig.adjoint`, the phantom gradient); `throw=False` (the
+      default) reports a failed retrieval in the diagnostics instead of raising. Why not
+      `Implicit()`: on bracket matching (configs/brackets_hopfield.yaml) training moves the
+      learned queries and keys to where retrievals sit near bifurcations of the update (its
+      Jacobian β Kᵀ(diag p − ppᵀ)K nears an eigenvalue 1), where the implicit backward solve
+      misses its tolerance and gives NaN gradients, so most training steps are skipped; phantom
       gradients (and `mode="steps"`) stay finite there and learn the task as softmax does
       (docs/families/hopfield.md has the run).
     - `use_bias`: biases on the q/k/v/out maps.
