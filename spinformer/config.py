@@ -87,16 +87,18 @@ class DataConfig:
     seq_len: int = _f(12, "sequence length T (tokens per example)", tasks=_SEQUENCES)
     batch_size: int = _f(32, "examples per training batch")
     path: str = _f("shakespeare", "chars: a text file, or a fetched dataset name "
-                   "(`spinformer data fetch shakespeare`, or `english`); snli: the data directory; "
-                   "fashion_mnist: a directory of MNIST-format IDX files (the default value "
-                   "means the Debian package's /usr/share/datasets/fashion-mnist)", tasks=("chars", "snli", "fashion_mnist"))
+                   "(`spinformer data fetch shakespeare`, or `english`); snli: the data "
+                   "directory; fashion_mnist: a directory of MNIST-format IDX files (the default value "
+                   "means the Debian package's /usr/share/datasets/fashion-mnist)",
+                   tasks=("chars", "snli", "fashion_mnist"))
     max_chars: Optional[int] = _f(None, "chars only: use only the first max_chars characters "
                                   "of the text (null: all)", tasks=("chars",))
     val_fraction: float = _f(0.1, "chars only: the last fraction of the text held out for "
                              "validation (before the test split, if any)", tasks=("chars",))
     test_fraction: float = _f(0.0, "chars only: the last fraction of the text held out as the "
                               "test split, never trained on (0: none; the fetched english "
-                              "corpus is laid out for 0.05 with val_fraction 0.05)", tasks=("chars",))
+                              "corpus is laid out for 0.05 with val_fraction 0.05)",
+                              tasks=("chars",))
     distractors: int = _f(0, "nli only: irrelevant modifiers inserted into each sentence "
                           "(difficulty; labels unchanged)", tasks=("nli",))
     held_out: bool = _f(True, "nli only: val/test use words and templates never seen in "
@@ -109,7 +111,8 @@ class DataConfig:
     max_examples: Optional[int] = _f(None, "snli only: use only the first max_examples "
                                      "training pairs (null: all)", tasks=("snli",))
     val_size: int = _f(5000, "fashion_mnist only: the last val_size training images are "
-                       "held out for validation (the test split is the t10k file)", tasks=("fashion_mnist",))
+                       "held out for validation (the test split is the t10k file)",
+                       tasks=("fashion_mnist",))
     max_train: Optional[int] = _f(None, "images only: use only the first max_train training "
                                   "images (null: all)", tasks=("fashion_mnist",))
     corrupt: Optional[str] = _f(None, "images only: reconstruct images corrupted this way "
@@ -118,15 +121,18 @@ class DataConfig:
                                 "noise of variance data.noise_variance); the loss is the mean "
                                 "squared error per pixel (null: classification)",
                                 choices=(None, "mask", "noise"), tasks=_IMAGES)
-    mask_fraction: float = _f(0.3, "corrupt=mask only: the fraction of pixels masked", tasks=_IMAGES)
-    noise_variance: float = _f(0.7, "corrupt=noise only: the variance of the added noise", tasks=_IMAGES)
+    mask_fraction: float = _f(0.3, "corrupt=mask only: the fraction of pixels masked",
+                              tasks=_IMAGES)
+    noise_variance: float = _f(0.7, "corrupt=noise only: the variance of the added noise",
+                               tasks=_IMAGES)
     eval_batches: int = _f(8, "validation batches per evaluation")
     seed: int = _f(0, "seed of the data stream (batch i depends only on seed, split and i)")
     stream: bool = _f(False, "chars only: read the text in order as batch_size contiguous "
                       "streams, batch i holding chunk i of every stream, and carry the "
                       "attention's state from one batch to the next (truncated "
                       "backpropagation through time; needs model.attention=spin with "
-                      "model.attention.mode=steps and model.attention.init=carried)", tasks=("chars",))
+                      "model.attention.mode=steps and model.attention.init=carried)",
+                      tasks=("chars",))
 
     def __post_init__(self):
         _need(self.seq_len >= 2, f"seq_len={self.seq_len} must be >= 2.")
@@ -147,7 +153,8 @@ class DataConfig:
 def _attention_help() -> str:
     regs = _schema.registrations()
     described = ", ".join(f"{r.name} ({r.help})" if r.help else r.name for r in regs)
-    return f"the attention and its settings (a name, or {{name: ..., <setting>: ...}}): {described}"
+    return (f"the attention and its settings (a name, or {{name: ..., <setting>: ...}}): "
+            f"{described}")
 
 
 @dataclass(frozen=True)
@@ -178,16 +185,20 @@ class ModelConfig:
                                   "16x16) or patch (linear embedding of patch x patch patches)",
                                   tasks=_IMAGES)
     patch: int = _f(4, "images, embed=patch only: patch side in pixels", tasks=_IMAGES)
-    conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions", tasks=_IMAGES)
+    conv_channels: int = _f(32, "images, embed=conv only: channels of the convolutions",
+                            tasks=_IMAGES)
     residual: bool = _f(True, "images only: wrap each attention in a pre-norm residual block "
                         "with FFN (false: the attentions alone, one after the other, as a DEQ "
                         "layer)", tasks=_IMAGES)
-    positions: bool = _f(True, "images only: learned position embedding of the sites", tasks=_IMAGES)
+    positions: bool = _f(True, "images only: learned position embedding of the sites",
+                         tasks=_IMAGES)
 
     def __post_init__(self):
-        if isinstance(self.attention, str):  # a name: its default settings
-            object.__setattr__(self, "attention", _schema.choice("attention", self.attention,
-                                                                 where="attention"))
+        for field in ("attention", "pool"):  # a name: its default settings
+            if isinstance(getattr(self, field), str):
+                object.__setattr__(self, field, _schema.choice(field, getattr(self, field),
+                                                               where=field))
+        _schema.name_of("pool", self.pool)  # a registered pooling head
         _check_model(self)
 
 
@@ -391,7 +402,8 @@ def reference_markdown(cls=None) -> str:
             rows.append(f"| **`{dotted}`** | | | {cell(k.help)} |")
         else:
             choices = ", ".join(f"`{c}`" for c in k.choices) if k.choices else ""
-            rows.append(f"| `{dotted}` | `{_schema.plain(k.default, k.kind)!r}` | {cell(choices)} | "
+            default = _schema.plain(k.default, k.kind)
+            rows.append(f"| `{dotted}` | `{default!r}` | {cell(choices)} | "
                         f"{cell(k.help)} |")
     for kind in kinds:  # what another name than the default brings: its class's keys
         objs = {name: _schema.choice_class(kind, name)() for name in _schema.choice_names(kind)}

@@ -87,8 +87,8 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     """The model for a config and dataset: a `CausalLM` for text, a `Tagger` for tagging, an
     `ImageClassifier` for images (`model.embed`, `model.residual`, ...), an
     `ImageReconstructor` for corrupted images (`data.corrupt`; `model.embed=patch`), a
-    `PairClassifier` for sentence pairs (`model.pool`). With `train.local_losses` the text models stop
-    gradients between blocks (`detach_layers=True`).
+    `PairClassifier` for sentence pairs (`model.pool`). With `train.local_losses` the text
+    models stop gradients between blocks (`detach_layers=True`).
 
     The attention's registration (`nn.get_attention(cfg.model.attention)`) turns its settings
     into constructor arguments (`Registration.kwargs_from`: the fields by name). A model

@@ -223,7 +223,7 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnostics.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(layers, out / "diagnostics.png",
-          f"{run_dir.name}: {cfg.model.attention.name} attention, {summary['examples']} validation "
-          "examples")
+          f"{run_dir.name}: {cfg.model.attention.name} attention, {summary['examples']} "
+          "validation examples")
     say()
     return summary
