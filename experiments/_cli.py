@@ -101,10 +101,14 @@ def run_script(main: Callable[[], object]) -> None:
     the system allows (as the `spinformer` command does; `SPINFORMER_HUGEPAGES=0` turns it
     off), then `main()`, its return value the exit status. Every `spinformer.train.run` the
     script makes releases the compiled programs when it ends (`releasing_compiled_code`), so
-    that a grid or sweep of any length trains in one process."""
-    from spinformer._toolchain import restart_with_hugepages
+    that a grid or sweep of any length trains in one process; the persistent compilation
+    cache (`spinformer._toolchain.use_compilation_cache`, as for the `spinformer` command)
+    gives the next run of the same program, another seed of the cell, its compiled code
+    back."""
+    from spinformer._toolchain import restart_with_hugepages, use_compilation_cache
 
     restart_with_hugepages()
+    use_compilation_cache()  # the next run of the same program reads it back
     import spinformer.train
 
     spinformer.train.run = releasing_compiled_code(spinformer.train.run)

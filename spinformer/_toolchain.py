@@ -118,3 +118,112 @@ def restart_with_hugepages(command=None) -> None:
         os.execve(command[0], command, env)
     except OSError:  # cannot restart (a frozen executable, a sandbox): run as we are
         return
+
+
+# ----------------------------------------------------------- the persistent compilation cache
+
+# Where the command line keeps compiled programs between runs: a folder, or 0/off to switch
+# the cache off. Unset: $XDG_CACHE_HOME/spinformer/jax (~/.cache/spinformer/jax); a
+# JAX_COMPILATION_CACHE_DIR the user set is kept.
+CACHE_ENV = "SPINFORMER_COMPILATION_CACHE"
+# The most the cache holds; past it, the least recently used programs are evicted (JAX's
+# LRU cache, whose file lock also keeps concurrent workers from reading a half-written
+# entry).
+CACHE_MAX_BYTES = 2 * 1024**3
+_OFF = ("0", "off", "false", "no", "none")
+
+
+def compilation_cache_dir(environ=None):
+    """The folder `use_compilation_cache` would use, or None when it is switched off
+    (`SPINFORMER_COMPILATION_CACHE=off`)."""
+    import pathlib
+
+    env = os.environ if environ is None else environ
+    value = env.get(CACHE_ENV, "").strip()
+    if value.lower() in _OFF:
+        return None
+    if value:
+        return pathlib.Path(value).expanduser()
+    if env.get("JAX_COMPILATION_CACHE_DIR"):
+        return pathlib.Path(env["JAX_COMPILATION_CACHE_DIR"]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "spinformer" / "jax"
+
+
+def use_compilation_cache(environ=None):
+    """Switch on JAX's persistent compilation cache for this process (before its first
+    compilation): programs that took at least a second to compile are written to
+    `compilation_cache_dir()` and read back by the next run with the same program, jax,
+    jaxlib and device (all part of the entry's key, so versions never mix). Concurrent
+    processes share it safely (a file lock). A folder that cannot be created leaves the
+    cache off with a warning.
+
+    **Returns:** the folder, or None when the cache is off."""
+    path = compilation_cache_dir(environ)
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"the compilation cache {path} cannot be created ({e.strerror or e}); "
+                      f"compiling without it. Set {CACHE_ENV} to another folder, or to off.",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    return path
+
+
+class CompileClock:
+    """Seconds JAX spends tracing, lowering and compiling (XLA) while the clock is active,
+    and the programs read from the persistent cache instead of compiled:
+
+        with CompileClock() as clock:
+            step(...)
+        clock.seconds, clock.cache_hits
+    """
+
+    _active: list = []
+    _listening = False
+    _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+               "/jax/core/compile/backend_compile_duration": "xla"}
+
+    def __init__(self):
+        self.parts = {"trace": 0.0, "lower": 0.0, "xla": 0.0}
+        self.cache_hits = 0
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.parts.values())
+
+    @classmethod
+    def _listen(cls):
+        if cls._listening:
+            return
+        from jax import monitoring
+
+        def duration(event, secs, **_):
+            part = cls._EVENTS.get(event)
+            for clock in cls._active if part else ():
+                clock.parts[part] += secs
+
+        def count(event, **_):
+            if event == "/jax/compilation_cache/cache_hits":
+                for clock in cls._active:
+                    clock.cache_hits += 1
+
+        monitoring.register_event_duration_secs_listener(duration)
+        monitoring.register_event_listener(count)
+        cls._listening = True
+
+    def __enter__(self):
+        self._listen()
+        CompileClock._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        CompileClock._active.remove(self)
+        return False

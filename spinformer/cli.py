@@ -206,7 +206,10 @@ def _cmd_run(args) -> int:
     if is_writer():
         for note in notes:
             print(f"spinformer: note: {note}", file=sys.stderr)
-        print(f"spinformer: {path} -> {out}", file=sys.stderr)
+        cache = getattr(args, "cache", None)
+        print(f"spinformer: {path} -> {out}" + (
+            f" (compiled programs kept in {cache}; SPINFORMER_COMPILATION_CACHE=off: not kept)"
+            if cache else ""), file=sys.stderr)
     try:
         with _SignalEcho():
             summary = run(cfg, out, resume=args.resume,
@@ -537,6 +540,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
         args = build_parser().parse_args(argv)
+        if args.fn in (_cmd_run, _cmd_generate, _cmd_diagnose):  # programs worth keeping
+            from ._toolchain import use_compilation_cache
+
+            args.cache = use_compilation_cache()
         try:
             import_user_modules(getattr(args, "imports", []))
             return args.fn(args)

@@ -22,28 +22,35 @@ if os.environ.get("SPINFORMER_TEST_OPTIMIZED", "") in ("", "0"):
     if "xla_cpu_use_fusion_emitters" not in _flags:
         os.environ["XLA_FLAGS"] = f"{_flags} --xla_cpu_use_fusion_emitters=false".strip()
 
-# One persistent compilation cache for the whole run, shared by the xdist workers and the
-# subprocesses the tests start (the CLI, the experiments): a program compiled by one test is
-# read back by every other that builds the same one: the zoo's runs of one cell, the CLI's
-# configs and the modules that `jax.clear_caches()` (below) separates repeat many programs
-# (measured, one process: the zoo quick grid 54 -> 41 s, test_experiments + test_faults
-# 127 -> 105 s; no gain on modules whose programs do not repeat). The cache holds compiled
-# code only (tracing still happens, so no test's behaviour changes); an entry read while
-# another process is writing it does not decompress, and JAX then warns and compiles. A
-# fresh directory per run (made by the controlling process, inherited by the workers
-# through the environment, removed at its end), so a run's time always includes its
-# compiles (measured on 2026-11-27, quiet, 2 workers: the default run 71 s shorter with
-# it; docs/project.md, "Contributing", states how long the run takes).
+# One persistent compilation cache, shared by the xdist workers and the subprocesses the
+# tests start (the CLI, the experiments): a program compiled by one test is read back by every
+# other that builds the same one (the zoo's runs of one cell, the CLI's configs and the
+# modules that `jax.clear_caches()` (below) separates repeat many programs), and by the next
+# run of the suite. It is the command line's cache folder (`spinformer._toolchain
+# .compilation_cache_dir`) with `tests` appended, kept between runs (the tests' programs are
+# compiled with other flags, which are part of every entry's key), with JAX's size limit and
+# file lock (`use_compilation_cache`). The cache holds compiled code only (tracing still
+# happens), so no test's behaviour changes. SPINFORMER_TEST_CACHE=fresh uses a throwaway
+# folder (removed at the end: a run that pays every compilation, as on a fresh machine);
 # SPINFORMER_TEST_CACHE=0 turns it off.
 _CACHE_OWNER = False
-if (os.environ.get("SPINFORMER_TEST_CACHE", "") not in ("0",)
-        and "JAX_COMPILATION_CACHE_DIR" not in os.environ):
-    import tempfile
+_TEST_CACHE = os.environ.get("SPINFORMER_TEST_CACHE", "")
+if _TEST_CACHE != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    if _TEST_CACHE == "fresh":
+        import tempfile
 
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="spinformer-test-xla-")
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-    _CACHE_OWNER = True
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="spinformer-test-xla-")
+        _CACHE_OWNER = True
+    else:
+        from spinformer._toolchain import CACHE_MAX_BYTES, compilation_cache_dir
+
+        _dir = compilation_cache_dir()
+        if _dir is not None:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_dir / "tests")
+            os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(CACHE_MAX_BYTES)
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 import jax
 import pytest

@@ -1,6 +1,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -421,3 +422,27 @@ def test_extras_are_named_where_they_are_needed(monkeypatch):
     assert proc.stderr.strip().splitlines() == [
         'experiments/bench/solvers.py compares against jaxopt, which is not installed: '
         'pip install -e ".[bench]"']
+
+
+def test_run_says_what_it_compiles_and_a_second_run_reads_it_back(tmp_path):
+    """`spinformer run` names the compilation cache, says when a step starts compiling and
+    how long compiling took; a second run of the same program reads it from the cache."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "SPINFORMER_COMPILATION_CACHE": str(cache)}
+    args = ["run", "brackets_softmax", "--set", "train.steps=1", "--set", "data.batch_size=4",
+            "--set", "data.eval_batches=1", "--set", "train.warmup_steps=0"]
+    errs = []
+    for out in ("first", "second"):
+        proc = subprocess.run([sys.executable, "-m", "spinformer", *args, "--out",
+                               str(tmp_path / out)], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        errs.append(proc.stderr)
+    assert f"compiled programs kept in {cache}" in errs[0]
+    for what in ("training step", "evaluation step"):
+        assert f"compiling the {what}..." in errs[0]
+        assert re.search(f"the {what} compiled in [0-9.]+ s \\(tracing", errs[0])
+        assert "read from the compilation cache" not in errs[0]
+        assert re.search(f"the {what} compiled in .*read from the compilation cache",
+                         errs[1]), errs[1]
+    assert any(cache.iterdir())

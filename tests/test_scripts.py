@@ -169,6 +169,14 @@ CASES = [
                 r"^\| brackets16 \| spin \| \d+\.\d \| \d+\.\d \| \d\.\d\d \| \d\.\d\d"),
         reject=(r'"error"',), files=("cost/cost.json", "cost/cost.md")),
         marks=pytest.mark.slow, id="bench/cost"),
+    pytest.param(Case(  # ~15 s: softmax's steps and the minimal pure-JAX step
+        "experiments/bench/compile.py", ("--configs", "brackets_softmax", "--tasks", "none",
+                                         "--out", "{tmp}/compile"),
+        expect=(r"^brackets_softmax \(softmax\) +train: \d+\.\d s \(\d+\.\d XLA, \d+ lines, "
+                r"\d+ loops, x1\.00, x\d+\.\d\d minimal\)",
+                r"^\| brackets_softmax \(softmax\) \| minimal \| "),
+        files=("compile/compile.json", "compile/compile.md")),
+        marks=pytest.mark.slow, id="bench/compile"),
     pytest.param(Case(  # ~30 s
         "experiments/ngt_worked_example.py", ("run", "--quick", "--results", "{tmp}/ngt"),
         expect=(r"^wrote .* in \d+ s",),

@@ -177,3 +177,35 @@ def test_experiment_scripts_restart_themselves_with_the_hugepage_tunable(tmp_pat
                          text=True, timeout=120)
     assert out.returncode == 3, out.stderr[-2000:]
     assert (tmp_path / "seen.txt").read_text().splitlines() == [f"{want} arg"]
+
+
+# ----------------------------------------------------------- the persistent compilation cache
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"HOME": "/h"}, "/h/.cache/spinformer/jax"),
+    ({"HOME": "/h", "XDG_CACHE_HOME": "/x"}, "/x/spinformer/jax"),
+    ({"HOME": "/h", "JAX_COMPILATION_CACHE_DIR": "/j"}, "/j"),
+    ({"HOME": "/h", "JAX_COMPILATION_CACHE_DIR": "/j", "SPINFORMER_COMPILATION_CACHE": "/s"},
+     "/s"),
+    ({"HOME": "/h", "SPINFORMER_COMPILATION_CACHE": "off"}, None),
+    ({"HOME": "/h", "SPINFORMER_COMPILATION_CACHE": "0"}, None),
+])
+def test_compilation_cache_folder(environ, expected, monkeypatch):
+    """The cache's folder: SPINFORMER_COMPILATION_CACHE, else JAX's own variable, else the
+    user's cache directory; `off` or `0` switch it off."""
+    from spinformer._toolchain import compilation_cache_dir
+
+    monkeypatch.setenv("HOME", environ["HOME"])  # (expanduser reads the process's HOME)
+    got = compilation_cache_dir(environ)
+    assert (None if got is None else str(got)) == expected
+
+
+def test_an_uncreatable_compilation_cache_warns_and_stays_off(tmp_path):
+    from spinformer._toolchain import use_compilation_cache
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.warns(RuntimeWarning, match="cannot be created.*SPINFORMER_COMPILATION_CACHE"):
+        assert use_compilation_cache(
+            {"SPINFORMER_COMPILATION_CACHE": str(blocker / "cache")}) is None

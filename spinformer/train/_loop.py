@@ -180,6 +180,25 @@ class _Progress:
             self._print()
 
 
+@contextlib.contextmanager
+def _compiling(loop, what: str, first: bool):
+    """Around the first call of a step (`first`): with progress on, a line saying that `what`
+    is compiling, and one with how long compiling took (tracing, lowering, XLA) and how many
+    programs came from the persistent compilation cache."""
+    if not (first and loop.options.progress and loop.writer):
+        yield
+        return
+    tqdm.write(f"spinformer: compiling the {what}...", file=sys.stderr)
+    with _toolchain.CompileClock() as clock:
+        yield
+    p = clock.parts
+    cached = (f"; {clock.cache_hits} program{'s' if clock.cache_hits > 1 else ''} read from "
+              "the compilation cache" if clock.cache_hits else "")
+    tqdm.write(f"spinformer: the {what} compiled in {clock.seconds:.1f} s (tracing "
+               f"{p['trace']:.1f} s, lowering {p['lower']:.1f} s, XLA {p['xla']:.1f} s"
+               f"{cached})", file=sys.stderr)
+
+
 def _divergence_message(step: int, bad: int, metrics: dict, out: pathlib.Path,
                         saved: pathlib.Path) -> str:
     """What diverged, where to restart from, and what to look at."""
@@ -323,6 +342,7 @@ class _Loop:
         self.es = {"best_loss": math.inf, "best_step": 0, "bad_evals": 0,
                    "stopped_early": False}
         self.elapsed_before, self.bad_total, self.flops_total = 0.0, 0, 0.0
+        self.evaluated = False  # the evaluation step has been compiled
         self.eval_set: list = []
         self.t0 = time.perf_counter()
 
@@ -420,7 +440,7 @@ def _train(loop: _Loop, state: RunState, dataset) -> tuple[RunState, int, Option
     record, skipped steps, evaluation, checkpoints and stop signals. Returns the final state,
     its step and the last evaluation (None when no step was taken)."""
     o = loop.options
-    step = host_step(state)
+    step = start = host_step(state)
     last_eval: Optional[dict] = None
     train_step = jit_step(loop.optimizer, accumulate=o.accumulate, precision=o.precision,
                           mesh=loop.mesh, objective=loop.objective)  # compiled once
@@ -431,9 +451,10 @@ def _train(loop: _Loop, state: RunState, dataset) -> tuple[RunState, int, Option
             while step < o.steps and not loop.es["stopped_early"]:
                 batch = loop.place_batch(train_batch(dataset, step, o.accumulate))
                 key = jax.random.fold_in(loop.base_key, step)
-                state, metrics = train_step(state, batch, key)
+                with _compiling(loop, "training step", first=step == start):
+                    state, metrics = train_step(state, batch, key)
+                    bad = bool(metrics["bad_step"])  # (waits for the step)
                 step += 1  # = state.step, kept on the host
-                bad = bool(metrics["bad_step"])
                 bad_run = bad_run + 1 if bad else 0
                 loop.bad_total += bad
                 rec = _record_step(loop, step, metrics, bad_run)
@@ -481,7 +502,10 @@ def _record_step(loop: _Loop, step: int, metrics: dict, bad_run: int) -> Optiona
 def _evaluate(loop: _Loop, state: RunState, step: int) -> dict:
     """Evaluate on the validation batches, log the record and update early stopping (a
     better loss resets the count; `patience` evaluations without one stop the run)."""
-    result = evaluate(state.model, loop.eval_set, objective=loop.objective, stream=loop.stream)
+    with _compiling(loop, "evaluation step", first=not loop.evaluated):
+        result = evaluate(state.model, loop.eval_set, objective=loop.objective,
+                          stream=loop.stream)
+    loop.evaluated = True
     loop.log({"step": step, "split": "val", **result, "time_s": round(loop.now(), 3),
              **_counted(loop)})
     es = loop.es

@@ -1331,6 +1331,23 @@ def test_precision_option_checked_and_carried_by_the_config():
 # ----------------------------------------------------------------------------- vmapped loops
 
 
+def test_a_vmapped_solve_compacts_only_from_the_step_cap_that_pays():
+    """Compaction compiles a copy of the step per level: a solve capped below
+    `COMPACT_FROM_STEPS` runs one plain batched loop, one capped at it compacts."""
+    from spinformer.solvers._fixed_point import COMPACT_FROM_STEPS
+
+    def jaxpr(max_steps):
+        def one(b):
+            return S.fixed_point(lambda x, a: 0.5 * jnp.tanh(x) + a, jnp.zeros(3), b,
+                                 solver=S.Picard(tol=1e-6, max_steps=max_steps),
+                                 throw=False).value
+        return str(jax.make_jaxpr(jax.vmap(one))(jnp.ones((8, 3))))
+
+    plain, compacting = jaxpr(COMPACT_FROM_STEPS - 1), jaxpr(COMPACT_FROM_STEPS)
+    assert "sort" not in plain and plain.count("while[") == 1
+    assert "sort" in compacting and compacting.count("while[") > 1
+
+
 def test_a_vmapped_solve_compacts_finished_systems_without_changing_any_result(monkeypatch):
     """Under nested vmaps (examples × heads) the forward loop gathers the systems still
     running into smaller batches (`_lanes.while_lanes`); every system must come out exactly
