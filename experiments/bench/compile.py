@@ -73,6 +73,7 @@ def _clock(fn, *args) -> dict:
 def programs(cfg, dataset) -> dict:
     """`{"train": (fn, args), "eval": (fn, args)}`: the training step and the evaluation
     step of a config as functions of arrays alone (the model's static parts closed over)."""
+    from spinformer.solvers._fixed_point import plain_loops
     from spinformer.train._objective import _eval_sums
     from spinformer.train._step import _step
 
@@ -92,8 +93,9 @@ def programs(cfg, dataset) -> dict:
                     objective=objective)
         return eqx.filter(out, eqx.is_array)
 
-    def evaluate(mdyn, batch):
-        return _eval_sums.__wrapped__(eqx.combine(mdyn, mstatic), batch, None, objective)
+    def evaluate(mdyn, batch):  # traced as `train.evaluate` traces it: no lane compaction
+        with plain_loops():
+            return _eval_sums.__wrapped__(eqx.combine(mdyn, mstatic), batch, None, objective)
 
     return {"train": (train, (dyn, batch, jax.random.key(1))), "eval": (evaluate, (mdyn, val))}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import sys
@@ -274,26 +276,44 @@ def _compacting(loop: _Loop, init: _Carry, max_steps: int) -> _Carry:
 # (Anderson, cap 30, 64 systems: 5.3 steps on average) it made the training step 2.6 % faster
 # and took 13 s more to compile, which 1500 steps do not pay back. Picard's linear
 # convergence, with caps of 50-100, leaves long tails (modern Hopfield on characters: 21 on
-# average, 73 at most), where it halved the forward pass (docs/results/cost.md).
+# average, 73 at most), where it halved the forward pass (docs/results/cost.md) for 17 s
+# more compilation of the training step.
 COMPACT_FROM_STEPS = 50
 
+# Set by `plain_loops()`: no compaction in the solves traced meanwhile.
+_PLAIN_LOOPS = contextvars.ContextVar("plain_loops", default=False)
 
-def _strategy(solver: AbstractSolver, differentiable: bool, verbose: bool):
+
+@contextlib.contextmanager
+def plain_loops():
+    """While active, the solves traced run plain batched loops, never compacting: for
+    programs called too few times to pay back compaction's compilation (the evaluation step,
+    `train.evaluate`: on modern Hopfield's characters cell it took 27 s to compile with
+    compaction and 7 s without). It decides how a solve is traced, so it must surround the
+    first call of a jitted function, and a function traced once keeps its loops."""
+    token = _PLAIN_LOOPS.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN_LOOPS.reset(token)
+
+
+def _strategy(solver: AbstractSolver, differentiable: bool, plain: bool):
     """The loop that runs a solve: straight-line code (`unroll`), a loop reverse mode can
     differentiate (`differentiable`), a compacting loop for a step cap of at least
-    `COMPACT_FROM_STEPS`, else a plain loop (and for `verbose`, whose progress line counts
-    every example at every step)."""
+    `COMPACT_FROM_STEPS`, else (or with `plain`: under `plain_loops()`, or `verbose`, whose
+    progress line counts every example at every step) a plain loop."""
     if solver.unroll:
         return _unrolled
     if differentiable:
         return _checkpointed
-    if verbose or solver.max_steps < COMPACT_FROM_STEPS:
+    if plain or solver.max_steps < COMPACT_FROM_STEPS:
         return _plain
     return _compacting
 
 
 def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x0, budget,
-              throw, verbose, trace, name):
+              throw, verbose, trace, name, plain=False):
     """Solve `prob` from `x0`: `(x, (num_steps, residual at x, residual at the last iterate,
     result, trace or None))`, x the best iterate. `_solve_traced` binds the keywords after
     `last`; an adjoint calls the rest and attaches gradients to `x`.
@@ -317,7 +337,7 @@ def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x
                else None)
     # (tied to r0: fewer passes of while_loop's batching rule, see `batched_like`)
     init = batched_like(_Carry(state, jnp.asarray(0, jnp.int32), history), r0)
-    out = _strategy(solver, differentiable, verbose)(loop, init, max_steps)
+    out = _strategy(solver, differentiable, plain or verbose)(loop, init, max_steps)
 
     done, code = best.terminate(out.state)
     result = jnp.where(done, code, RESULTS.max_steps_reached).astype(jnp.int32)
@@ -374,17 +394,17 @@ def _check_budget(name, step_budget):
 
 @eqx.filter_jit
 def _solve(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget=None,
-           trace=False):
+           trace=False, plain=False):
     # Everything traced here (the map, the loop, the adjoint's forward part) uses the
     # solver's matrix-product precision; the map is traced once (closure conversion), so its
     # products keep it wherever the problem is evaluated, in the backward pass too.
     with matmul_precision(solver.precision):
         return _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw,
-                             verbose, budget, trace)
+                             verbose, budget, trace, plain)
 
 
 def _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbose, budget,
-                  trace):
+                  trace, plain=False):
     x0_flat, unravel = ravel_pytree(x0)
     x0_flat = jax.lax.stop_gradient(x0_flat)
 
@@ -396,7 +416,8 @@ def _solve_traced(name, problem_cls, fn, x0, args, solver, adjoint, throw, verbo
     fn_conv = eqx.filter_closure_convert(fn_flat, x0_flat, args)
     prob = problem_cls(fn_conv, solver.precision)
     run_loop = functools.partial(_run_loop, solver=solver, x0=x0_flat, budget=budget,
-                                 throw=throw, verbose=verbose, trace=trace, name=name)
+                                 throw=throw, verbose=verbose, trace=trace, name=name,
+                                 plain=plain)
     value, (k, rn, last, result, history) = adjoint.attach(prob, args, run_loop, throw)
     if throw:
         value = backward_error_if(value, result != RESULTS.successful, result,
@@ -508,7 +529,7 @@ def _solve_with_aux(name, problem_cls, fn, x0, args, solver, adjoint, throw, ver
     args = _as_array_scalars(args)
     step = _NewX(fn) if has_aux else fn
     sol = _solve(name, problem_cls, step, x0, args, solver, adjoint, throw, verbose,
-                 _check_budget(name, step_budget), bool(trace))
+                 _check_budget(name, step_budget), bool(trace), _PLAIN_LOOPS.get())
     if not has_aux:
         return sol
     with matmul_precision(solver.precision):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from ..solvers._fixed_point import plain_loops
 from ._metrics import _all_diag_metrics
 
 
@@ -240,7 +241,10 @@ def evaluate(model, batches, *, objective: Optional[Objective] = None,
         regression = _regression(b)
         if stream and state is None:
             state = init_stream_state(model, b)
-        sums, extra, state = _eval_sums(model, b, state, objective)
+        # compiled for a few calls per run: solves without lane compaction, which would cost
+        # more to compile than it saves (`solvers._fixed_point.plain_loops`)
+        with plain_loops():
+            sums, extra, state = _eval_sums(model, b, state, objective)
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
         for k, v in extra.items():

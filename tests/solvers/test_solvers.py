@@ -1333,8 +1333,9 @@ def test_precision_option_checked_and_carried_by_the_config():
 
 def test_a_vmapped_solve_compacts_only_from_the_step_cap_that_pays():
     """Compaction compiles a copy of the step per level: a solve capped below
-    `COMPACT_FROM_STEPS` runs one plain batched loop, one capped at it compacts."""
-    from spinformer.solvers._fixed_point import COMPACT_FROM_STEPS
+    `COMPACT_FROM_STEPS` runs one plain batched loop, one capped at it compacts, except under
+    `plain_loops()` (the evaluation step)."""
+    from spinformer.solvers._fixed_point import COMPACT_FROM_STEPS, plain_loops
 
     def jaxpr(max_steps):
         def one(b):
@@ -1346,6 +1347,9 @@ def test_a_vmapped_solve_compacts_only_from_the_step_cap_that_pays():
     plain, compacting = jaxpr(COMPACT_FROM_STEPS - 1), jaxpr(COMPACT_FROM_STEPS)
     assert "sort" not in plain and plain.count("while[") == 1
     assert "sort" in compacting and compacting.count("while[") > 1
+    with plain_loops():  # a program called a few times: never compacting
+        inside = jaxpr(COMPACT_FROM_STEPS)
+    assert "sort" not in inside and inside.count("while[") == 1
 
 
 def test_a_vmapped_solve_compacts_finished_systems_without_changing_any_result(monkeypatch):
