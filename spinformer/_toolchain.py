@@ -135,7 +135,8 @@ _OFF = ("0", "off", "false", "no", "none")
 
 def compilation_cache_dir(environ=None):
     """The folder `use_compilation_cache` would use, or None when it is switched off
-    (`SPINFORMER_COMPILATION_CACHE=off`)."""
+    (`SPINFORMER_COMPILATION_CACHE=off`): SPINFORMER_COMPILATION_CACHE, else JAX's own
+    JAX_COMPILATION_CACHE_DIR, else the user's cache directory."""
     import pathlib
 
     env = os.environ if environ is None else environ
@@ -156,12 +157,15 @@ def use_compilation_cache(environ=None):
     `compilation_cache_dir()` and read back by the next run with the same program, jax,
     jaxlib and device (all part of the entry's key, so versions never mix). Concurrent
     processes share it safely (a file lock). A folder that cannot be created leaves the
-    cache off with a warning.
+    cache off with a warning. A JAX_COMPILATION_CACHE_DIR the user set is left to JAX's own
+    settings (JAX reads it; no size limit or lock is added).
 
     **Returns:** the folder, or None when the cache is off."""
     path = compilation_cache_dir(environ)
-    if path is None:
-        return None
+    env = os.environ if environ is None else environ
+    if path is None or (not env.get(CACHE_ENV, "").strip()
+                        and env.get("JAX_COMPILATION_CACHE_DIR")):
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -209,3 +209,13 @@ def test_an_uncreatable_compilation_cache_warns_and_stays_off(tmp_path):
     with pytest.warns(RuntimeWarning, match="cannot be created.*SPINFORMER_COMPILATION_CACHE"):
         assert use_compilation_cache(
             {"SPINFORMER_COMPILATION_CACHE": str(blocker / "cache")}) is None
+
+
+def test_a_jax_cache_folder_the_user_set_is_left_to_jax(tmp_path):
+    import jax
+
+    from spinformer._toolchain import use_compilation_cache
+
+    before = jax.config.jax_compilation_cache_max_size
+    assert use_compilation_cache({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert jax.config.jax_compilation_cache_max_size == before
