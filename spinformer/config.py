@@ -11,16 +11,11 @@ cfg.train.steps  # 200
 cfg.replace({"train.steps": 5, "model.attention.update": "mean_field"}).train.steps  # 5
 ```
 
-Every choice that carries settings is an object of a registered class: the attention
-(`model.attention`, its settings class declared with `spinformer.nn.register_attention`),
-the pooling head (`model.pool`), a solver, an adjoint, an update rule
-(`option(..., kind=...)`). A file writes its registered name, or a mapping of its name and
-the fields of its class (`attention: {name: spin, beta: 2.0}`,
-`solver: {name: picard, damping: 0.3}`), and reading builds the object. A key that only
-some tasks read (`option(..., tasks=...)`) is left out of another task's `config.yaml`.
-`keys(section)` lists a section's keys with their defaults, meanings and choices
-(`keys(obj, kind)` an object's); this module is also the one walk of the schema that reading,
-`--set`, `describe` and the tests use.
+Every choice with settings (the attention, the pooling head, a solver, an adjoint, an update
+rule) is an object of a registered class, written as its name or a mapping of its name and
+fields (`attention: {name: spin, beta: 2.0}`). A key only some tasks read
+(`option(..., tasks=...)`) is left out of another task's `config.yaml`. The engine (reading,
+checking, writing) is `spinformer._schema`.
 """
 
 from __future__ import annotations
@@ -36,23 +31,9 @@ from . import _schema
 from ._schema import ConfigError, Key, option, parse_overrides, read_yaml
 from .nn import _image, _pair
 
-__all__ = [
-    "Config",
-    "ConfigError",
-    "DataConfig",
-    "Key",
-    "ModelConfig",
-    "TrainConfig",
-    "describe",
-    "from_dict",
-    "keys",
-    "load_config",
-    "option",
-    "parse_overrides",
-    "reference_markdown",
-    "save_config",
-    "to_dict",
-]
+__all__ = ["Config", "ConfigError", "DataConfig", "Key", "ModelConfig", "TrainConfig",
+           "describe", "from_dict", "keys", "load_config", "option", "parse_overrides",
+           "reference_markdown", "save_config", "to_dict"]
 
 
 _f = option
@@ -371,11 +352,8 @@ def to_dict(cfg) -> dict:
 
 
 def keys(cls=None, kind: Optional[str] = None) -> dict[str, _schema.Key]:
-    """The keys of a config section class (default: the whole `Config`), in order: its
-    fields and, for `ModelConfig`, the section of every registered attention that declares
-    one (read from the registry now). With `kind`: the keys of object `cls` of that kind
-    (its `name`, then the fields of its class that a config can write); a key holding an
-    object gives it as `Key.schema()` and its kind as `Key.kind`."""
+    """The keys of a config section (default: the whole `Config`), or with `kind` of object
+    `cls` of that kind (`_schema.keys`)."""
     return _schema.keys(Config if cls is None else cls, kind)
 
 
@@ -417,36 +395,15 @@ def reference_markdown(cls=None) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _walk_values(obj, prefix: str = "", kind: Optional[str] = None,
-                 task: Optional[str] = None):
-    """`(dotted key, Key)` of every key a config instance (a section, or an object of
-    `kind`) holds, with the instance's values as the keys' defaults: what its `config.yaml`
-    writes, in that order."""
-    task = obj.data.task if isinstance(obj, Config) else task
-    fields = {} if kind is not None else {f.name: f for f in dataclasses.fields(obj)}
-    for k in _schema.keys(obj if kind is not None else type(obj), kind).values():
-        if kind is None:
-            if not _schema.used(fields[k.name], task):
-                continue
-            k = dataclasses.replace(k, default=getattr(obj, k.name))
-        yield prefix + k.name, k
-        if k.kind is not None and k.is_section:
-            yield from _walk_values(k.default, prefix + k.name + ".", k.kind)
-        elif k.kind is None and dataclasses.is_dataclass(k.default):
-            yield from _walk_values(k.default, prefix + k.name + ".", task=task)
-
-
 def describe(cls=None, prefix: str = "") -> str:
     """Every key with its default and its one-line meaning, one per line (default: the
-    whole `Config`). Given a config instance (`load_config(...)`) instead of a class: the
-    keys it holds, with its values (`spinformer show CONFIG`)."""
-    if cls is None or isinstance(cls, type):
-        walk = _schema.walk(Config if cls is None else cls, prefix)
-    else:
-        walk = _walk_values(cls, prefix)
+    whole `Config`); given a config instance (`spinformer show CONFIG`), the keys its
+    `config.yaml` holds, with its values."""
+    cls = Config if cls is None else cls
+    task = cls.data.task if isinstance(cls, Config) else None
     return "\n".join(f"{dotted}:  # {k.help}" if k.is_section else
                      f"{dotted} = {_schema.plain(k.default, k.kind)!r}  # {k.help}"
-                     for dotted, k in walk)
+                     for dotted, k in _schema.walk(cls, prefix, task=task))
 
 
 def load_config(path: Union[str, pathlib.Path, None] = None, overrides: Optional[list] = None
