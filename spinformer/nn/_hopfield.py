@@ -30,7 +30,6 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .. import solvers
 from .._schema import ConfigError, check_solvers, check_values, option, register_attention
 from ..spins import hopfield as hp
-from ..spins._common import solve as _solve
 from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import check_heads, check_shapes, linear_maps, mix_values, project_heads
 from ._literal import check_literal
@@ -147,8 +146,8 @@ class HopfieldAttention(eqx.Module):
         """The retrieved states `(n, D_h)` of one head from its queries `q (n, D_h)` and keys
         `K (s, D_h)` as `mode` says, and the solver `Stats`."""
         if self.mode == "fixed_point":
-            sol = _solve(_update, q, (K, beta, allowed), solver=self.solver,
-                         adjoint=self.adjoint, throw=self.throw)
+            sol = solvers.fixed_point(_update, q, (K, beta, allowed), solver=self.solver,
+                                      adjoint=self.adjoint, throw=self.throw)
             return sol.value, Stats.of(sol)
         if self.mode == "steps":
             def body(xi, _):

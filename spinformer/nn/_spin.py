@@ -32,7 +32,6 @@ from .. import solvers
 from .._schema import (Choice, ConfigError, check_solvers, check_values, choice, option,
                        register_attention, register_choice)
 from ..spins import vector
-from ..spins._common import solve as _solve
 from ._block import FeedForward
 from ._attention_diagnostics import Diagnostics, Stats
 from ._heads import (check_heads, decode_scores, masked_softmax, merge_heads, qk_scores,
@@ -94,9 +93,10 @@ class SpinUpdate(Choice):
         """One time step of the newest position given every position's previous
         magnetizations `M_prev (L, D_h)`: `(m (D_h,), failed)`."""
         m0 = vector.magnetization(x + J @ M_prev, beta=beta, R=R)
-        sol = _solve(lambda m, a: vector.magnetization(self.row_field(m, *a, beta=beta, R=R),
-                                                       beta=beta, R=R),
-                     m0, (M_prev, x, J), **solve)
+        sol = solvers.fixed_point(
+            lambda m, a: vector.magnetization(self.row_field(m, *a, beta=beta, R=R), beta=beta,
+                                              R=R),
+            m0, (M_prev, x, J), **solve)
         return sol.value, _failed(sol)
 
 
@@ -663,7 +663,7 @@ class SpinAttention(eqx.Module):
             return vector.magnetization(theta, beta=beta, R=R)
 
         m0 = vector.magnetization(x, beta=beta, R=R)
-        sol = _solve(row_map, m0, ctx, **self._solve_kwargs())
+        sol = solvers.fixed_point(row_map, m0, ctx, **self._solve_kwargs())
         return sol.value, _failed(sol)
 
     def _decode_step(self, x, J, M_prev):

@@ -29,7 +29,8 @@ class Transformer(eqx.Module):
     - `num_heads`: attention heads per block.
     - `max_len`: longest sequence (size of the positional embedding).
     - `attention`: a registered attention name (`"softmax"`, `"spin"`, `"boltzmann"`, or any
-      added with `nn.register_attention`), a registered class, or a callable
+      added with `nn.register_attention`), a registered class or its `nn.get_attention`
+      registration, or a callable
       `attention(dim=, num_heads=, causal=, key=, **attention_kwargs) -> module`. Classes
       registered with `takes_max_len=True` also get `max_len=`.
     - `attention_kwargs`: extra keyword arguments for the attention constructor

@@ -1,5 +1,6 @@
 """Private helpers shared by the spin modules: input checks, configuration enumeration,
-coupling symmetrisation, size limits, matmul precision, and the solve with spin defaults."""
+coupling symmetrisation, size limits, matmul precision, and the spin functions' default
+adjoint (`DEFAULT_ADJOINT`, re-exported as `spins.vector.DEFAULT_ADJOINT`)."""
 
 from __future__ import annotations
 
@@ -150,21 +151,12 @@ def as_float(*arrays):
     return tuple(None if a is None else jnp.asarray(a, dt) for a in arrays)
 
 
-#: The spin functions' adjoint where they are given `adjoint=None`: GMRES with 5-vector
-#: Krylov cycles. Spin fixed points away from criticality are well conditioned, so a cycle
-#: or two solves the adjoint system to round-off, where the Anderson-on-Richardson default
-#: of `solvers.Implicit()` stops at its relative tolerance `rtol`.
+#: The spin functions' default adjoint (the `adjoint` default of every spin function that
+#: calls `solvers.fixed_point`, or what it puts in place of `adjoint=None`): GMRES with
+#: 5-vector Krylov cycles. Spin fixed points away from criticality are well conditioned, so
+#: a cycle or two solves the adjoint system to round-off, where the Anderson-on-Richardson
+#: default of `solvers.Implicit()` stops at its relative tolerance `rtol`.
 DEFAULT_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5))
-
-
-def solve(fn, x0, args, *, solver, adjoint, throw, default_solver=None):
-    """`solvers.fixed_point` with the spin defaults: where `solver` is None, `default_solver`
-    (a spin function's own) or, where that is None too, `fixed_point`'s default; where
-    `adjoint` is None, `DEFAULT_ADJOINT`. Returns the `Solution`."""
-    solver = default_solver if solver is None else solver
-    given = {} if solver is None else {"solver": solver}  # (else fixed_point's default)
-    return solvers.fixed_point(fn, x0, args, adjoint=DEFAULT_ADJOINT if adjoint is None
-                               else adjoint, throw=throw, **given)
 
 
 def check_damping(name: str, damping) -> None:

@@ -122,7 +122,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
-from ._common import HIGHEST, Adjoint, Solver, as_float, solve
+from ._common import DEFAULT_ADJOINT, HIGHEST, as_float
 
 __all__ = [
     "MAX_BINARY_DIM",
@@ -451,7 +451,8 @@ def _v_map(V, args):
 
 def cavity_variances(
     C: Float[ArrayLike, "N d d"], J: Couplings, *, V0: Optional[Float[ArrayLike, "N d d"]] = None,
-    solver: Solver = None, adjoint: Adjoint = None, throw: bool = True,
+    solver: solvers.AbstractSolver = solvers.Anderson(),
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
 ) -> solvers.Solution:
     """Cavity variances V consistent with given local covariances: [(𝚲 − 𝐉)⁻¹]_ii = C_i.
 
@@ -466,8 +467,8 @@ def cavity_variances(
     - `C`: local covariances `(N, d, d)` (positive definite); `J`: couplings `(N, N, d, d)`.
     - `V0`: initial guess, default 0 (then the first update is the linear response of the
       independent-site system).
-    - `solver`, `adjoint`, `throw`: as `solvers.fixed_point` (`None`: its default solver, and
-      `spins.vector.DEFAULT_ADJOINT`).
+    - `solver`, `adjoint`, `throw`: as `solvers.fixed_point` (defaults `solvers.Anderson()`,
+      its default solver, and `spins.vector.DEFAULT_ADJOINT`).
 
     **Returns:** a `solvers.Solution` whose `value` is V `(N, d, d)`.
     """
@@ -482,7 +483,7 @@ def cavity_variances(
         raise ValueError(f"cavity_variances: V0 must have shape ({N}, {d}, {d}), got "
                          f"{jnp.shape(V0)}.")
     V0 = jax.lax.stop_gradient(jnp.asarray(V0, C.dtype))
-    return solve(_v_map, V0, (C, J), solver=solver, adjoint=adjoint, throw=throw)
+    return solvers.fixed_point(_v_map, V0, (C, J), solver=solver, adjoint=adjoint, throw=throw)
 
 
 def gaussian_cavity_variances(J: Couplings) -> Float[Array, "N d d"]:
@@ -584,8 +585,8 @@ def _solve(method, X, J, prior, solver, adjoint, throw, init):
         if method == "naive":
             V0 = jnp.zeros_like(V0)
     x0 = jax.lax.stop_gradient(TAPState(m0, V0))
-    sol = solve(_MAPS[(method, prior)], x0, (X, J), solver=solver, adjoint=adjoint,
-                throw=throw)
+    sol = solvers.fixed_point(_MAPS[(method, prior)], x0, (X, J), solver=solver,
+                              adjoint=adjoint, throw=throw)
     ok = _stable(jax.lax.stop_gradient(sol.value), jax.lax.stop_gradient(X),
                  jax.lax.stop_gradient(J), prior)
     bad = (sol.result == solvers.RESULTS.successful) & ~ok
@@ -613,8 +614,8 @@ _SOLVE_ARGS = """
       other J).
     - `prior`: `"gaussian"` (N(0, I) per site) or `"binary"` (every component ±1).
     - `solver`: a `spinformer.solvers` fixed-point solver with its stopping rule (on the
-      residual of (m, V)); `None`: `solvers.fixed_point`'s default.
-    - `adjoint`: how gradients flow (`None`: `spins.vector.DEFAULT_ADJOINT`).
+      residual of (m, V)); default `solvers.Anderson()`, `solvers.fixed_point`'s default.
+    - `adjoint`: how gradients flow; default `spins.vector.DEFAULT_ADJOINT`.
     - `throw`: raise if the solve fails or its solution is invalid; with `False` the failure is
       reported in `result` (and an invalid solution's values are NaN).
     - `init`: initial `TAPState`, default the uncoupled sites (m = f(X; 0), V = 0).
@@ -626,8 +627,10 @@ _SOLVE_ARGS = """
 
 
 def adaptive_tap(
-    X: Fields, J: Couplings, *, prior: str = "gaussian", solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True, init: Optional[TAPState] = None,
+    X: Fields, J: Couplings, *, prior: str = "gaussian",
+    solver: solvers.AbstractSolver = solvers.Anderson(),
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
+    init: Optional[TAPState] = None,
 ) -> solvers.Solution:
     return _solve("adaptive", X, J, prior, solver, adjoint, throw, init)
 
@@ -644,8 +647,10 @@ adaptive_tap.__doc__ = """Adaptive TAP means and cavity variances (Opper & Winth
 
 
 def tap(
-    X: Fields, J: Couplings, *, prior: str = "gaussian", solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True, init: Optional[TAPState] = None,
+    X: Fields, J: Couplings, *, prior: str = "gaussian",
+    solver: solvers.AbstractSolver = solvers.Anderson(),
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
+    init: Optional[TAPState] = None,
 ) -> solvers.Solution:
     return _solve("tap", X, J, prior, solver, adjoint, throw, init)
 
@@ -658,8 +663,10 @@ tap.__doc__ = """Classic TAP: the cavity variances are those of independent neig
 
 
 def naive_mean_field(
-    X: Fields, J: Couplings, *, prior: str = "gaussian", solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True, init: Optional[TAPState] = None,
+    X: Fields, J: Couplings, *, prior: str = "gaussian",
+    solver: solvers.AbstractSolver = solvers.Anderson(),
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
+    init: Optional[TAPState] = None,
 ) -> solvers.Solution:
     return _solve("naive", X, J, prior, solver, adjoint, throw, init)
 

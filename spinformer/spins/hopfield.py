@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .. import solvers
-from ._common import Adjoint, Scalar, Solver, as_float, mm, solve
+from ._common import DEFAULT_ADJOINT, Adjoint, Scalar, as_float, mm
 
 __all__ = ["energy", "max_norm", "retrieval_error_bound", "retrieve", "separation", "update",
            "weights"]
@@ -138,11 +138,13 @@ def retrieval_error_bound(xi: State, X: Patterns, i: int, *, beta: Scalar,
 
 def retrieve(
     xi0: State, X: Patterns, *, beta: Scalar, mask: Visible = None,
-    solver: Solver = None, adjoint: Adjoint = None, throw: bool = True,
+    solver: solvers.AbstractSolver = solvers.Picard(), adjoint: Adjoint = None,
+    throw: bool = True,
 ) -> solvers.Solution:
     """The fixed point ξ* = f(ξ*) reached from `xi0` (a stationary point of E), solved with
     `solver` (default `solvers.Picard()`: the plain updates, which never increase E) and
-    differentiated with `adjoint` (default implicit, GMRES(5)).
+    differentiated with `adjoint` (`None`, the default: `spins.vector.DEFAULT_ADJOINT`,
+    implicit with GMRES(5)).
 
     **Returns:** a `solvers.Solution` with `value` ξ* `(d,)`.
     """
@@ -153,5 +155,6 @@ def retrieve(
         XX, b, m = args
         return update(xi, XX, beta=b, mask=m)
 
-    return solve(fn, xi0, (X, jnp.asarray(beta, X.dtype), mask), solver=solver,
-                 adjoint=adjoint, throw=throw, default_solver=solvers.Picard())
+    return solvers.fixed_point(fn, xi0, (X, jnp.asarray(beta, X.dtype), mask), solver=solver,
+                               adjoint=DEFAULT_ADJOINT if adjoint is None else adjoint,
+                               throw=throw)

@@ -31,17 +31,16 @@ from .. import solvers
 from ._common import MAX_BOLTZMANN_T as MAX_BOLTZMANN_T
 from ._common import MAX_ENUMERATION as MAX_ENUMERATION
 from ._common import (
+    DEFAULT_ADJOINT,
     Adjoint,
     Matrix,
     Scalar,
-    Solver,
     Tensor3,
     Vector,
     as_float,
     bits,
     check_damping,
     check_vector,
-    solve,
     sym3,
     sym_offdiag,
     upper3,
@@ -150,8 +149,9 @@ def _solve_mf(name, tap_, h, J, K, beta, damping, solver, adjoint, m0, throw):
         check_vector(name, m0, "m0", n)
         m0 = jnp.asarray(m0, h.dtype)
     args = (h, J, K, beta, jnp.asarray(damping, h.dtype))
-    return solve(_tap_map if tap_ else _mf_map, m0, args, solver=solver, adjoint=adjoint,
-                 throw=throw)
+    return solvers.fixed_point(_tap_map if tap_ else _mf_map, m0, args, solver=solver,
+                               adjoint=DEFAULT_ADJOINT if adjoint is None else adjoint,
+                               throw=throw)
 
 
 def mean_field(
@@ -161,7 +161,7 @@ def mean_field(
     beta: Scalar = 1.0,
     K: Tensor3 = None,
     damping: float = 0.0,
-    solver: Solver = None,
+    solver: solvers.AbstractSolver = solvers.Anderson(),
     adjoint: Adjoint = None,
     m0: Vector | None = None,
     throw: bool = True,
@@ -174,10 +174,10 @@ def mean_field(
     - `K`: optional three-body couplings `(n, n, n)` (see `mean_field_update`).
     - `damping`: in [0, 1); iterates m ↦ damping·m + (1 − damping)·update(m) (same fixed
       points, more stable at strong coupling).
-    - `solver`: a `spinformer.solvers` solver with its stopping rule (`None`:
-      `solvers.fixed_point`'s default).
-    - `adjoint`: how gradients flow (`None`: `spins.vector.DEFAULT_ADJOINT`, the spin
-      functions' one).
+    - `solver`: a `spinformer.solvers` solver with its stopping rule (default
+      `solvers.Anderson()`, `solvers.fixed_point`'s default).
+    - `adjoint`: how gradients flow (`None`, the default: `spins.vector.DEFAULT_ADJOINT`,
+      the spin functions' one).
     - `m0`: initial guess, default tanh(βh) (the J = 0 solution).
     - `throw`: as `solvers.fixed_point`.
 
@@ -187,8 +187,9 @@ def mean_field(
 
 
 def tap(
-    h: Vector, J: Matrix, *, beta: Scalar = 1.0, damping: float = 0.0, solver: Solver = None,
-    adjoint: Adjoint = None, m0: Vector | None = None, throw: bool = True,
+    h: Vector, J: Matrix, *, beta: Scalar = 1.0, damping: float = 0.0,
+    solver: solvers.AbstractSolver = solvers.Anderson(), adjoint: Adjoint = None,
+    m0: Vector | None = None, throw: bool = True,
 ) -> solvers.Solution:
     """TAP magnetizations, the fixed point of `tap_update` (pairwise couplings only).
 

@@ -24,7 +24,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .. import solvers
 from ._common import (
-    Adjoint,
+    DEFAULT_ADJOINT,
     Matrix,
     Scalar,
     Solver,
@@ -32,7 +32,6 @@ from ._common import (
     as_float,
     check_square,
     check_vector,
-    solve,
 )
 
 __all__ = ["mean_field_step", "tap_step", "correlations", "entropy_production", "simulate"]
@@ -64,9 +63,6 @@ def mean_field_step(
     return jnp.tanh(beta * (x + J @ m_prev))
 
 
-_TAP_SOLVER = solvers.Anderson(tol=1e-6)
-
-
 def _tap_map(m, args):
     field, onsager = args
     return jnp.tanh(field - onsager * m)
@@ -74,7 +70,7 @@ def _tap_map(m, args):
 
 def tap_step(
     m_prev: Vector, x: Vector, J: Matrix, *, beta: Scalar = 1.0, solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True,
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
 ) -> solvers.Solution:
     """One TAP time step: solves, for m = m_t,
 
@@ -84,8 +80,8 @@ def tap_step(
     equation is one-dimensional and has a unique solution (its right-hand side decreases in
     m_i).
 
-    **Arguments:** as `mean_field_step`, plus `solver` (`None` means
-    `solvers.Anderson(tol=1e-6)`), `adjoint` (`None` means
+    **Arguments:** as `mean_field_step`, plus `solver` (`None`, the default, means
+    `solvers.Anderson(tol=1e-6)`), `adjoint` (default `spins.vector.DEFAULT_ADJOINT`,
     `Implicit(linear_solver=GMRES(restart=5))`) and `throw`, as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution` whose `value` holds the magnetizations at t, `(n,)`.
@@ -95,8 +91,10 @@ def tap_step(
     field = beta * (x + J @ m_prev)
     onsager = beta**2 * ((J * J) @ (1.0 - m_prev * m_prev))
     m0 = jax.lax.stop_gradient(jnp.tanh(field))
-    return solve(_tap_map, m0, (field, onsager), solver=solver, adjoint=adjoint, throw=throw,
-                 default_solver=_TAP_SOLVER)
+    return solvers.fixed_point(
+        _tap_map, m0, (field, onsager),
+        solver=solvers.Anderson(tol=1e-6) if solver is None else solver, adjoint=adjoint,
+        throw=throw)
 
 
 def correlations(

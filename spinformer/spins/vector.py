@@ -38,8 +38,7 @@ from . import kinetic
 from ._bessel import inverse_ratio, ratio, ratio_and_over_x, ratio_derivatives
 from ._bessel import bessel_ratio as bessel_ratio
 from ._common import DEFAULT_ADJOINT as DEFAULT_ADJOINT
-from ._common import (Adjoint, Matrix, Scalar, Solver, Spins, as_float, check_square, matmul_rt,
-                      solve)
+from ._common import Adjoint, Matrix, Scalar, Spins, as_float, check_square, matmul_rt
 
 __all__ = [
     "DEFAULT_ADJOINT",
@@ -342,7 +341,8 @@ def ness_update(
 
 def tap_step(
     m_prev: Spins, x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
-    solver: Solver = None, adjoint: Adjoint = None, throw: bool = True,
+    solver: solvers.AbstractSolver = solvers.Anderson(),
+    adjoint: solvers.AbstractAdjoint = DEFAULT_ADJOINT, throw: bool = True,
 ) -> solvers.Solution:
     """One second-order (TAP) mean-field step for large-D vector spins (Bal 2023).
 
@@ -357,19 +357,19 @@ def tap_step(
     large-D covariance (the post uses R² − ‖m_j‖², equal to leading order in D).
 
     **Arguments:** `m_prev`, `x` `(n, D)`, `J` `(n, n)`, `beta`, `R` (large-D convention
-    R² = D/2 − 1), `solver` (`None`: `solvers.fixed_point`'s default), `adjoint` (`None`:
-    `DEFAULT_ADJOINT`), `throw` as `solvers.fixed_point`.
+    R² = D/2 − 1), `solver` (default `solvers.Anderson()`, `solvers.fixed_point`'s default),
+    `adjoint` (default `DEFAULT_ADJOINT`), `throw` as `solvers.fixed_point`.
 
     **Returns:** a `solvers.Solution`; its `value` holds the magnetizations at t, `(n, D)`.
     """
     _check_system("tap_step", m_prev, x, J)
     m_prev, x, J, beta, R = as_float(m_prev, x, J, beta, R)
     m0 = jax.lax.stop_gradient(_phi_large(x + J @ m_prev, beta, R))
-    return solve(_tap_map, m0, (m_prev, x, J, beta, R), solver=solver, adjoint=adjoint,
-                 throw=throw)
+    return solvers.fixed_point(_tap_map, m0, (m_prev, x, J, beta, R), solver=solver,
+                               adjoint=adjoint, throw=throw)
 
 
-#: The solver of `tap_ness` and `mean_field_ness` where they are given `solver=None`.
+#: The default solver of `tap_ness` and `mean_field_ness`.
 NESS_SOLVER = solvers.Anderson(tol=1e-3)
 
 
@@ -379,13 +379,15 @@ def _ness(name, ness_map, x, J, beta, R, solver, adjoint, throw, m0):
     if m0 is None:
         m0 = _phi_large(x, beta, R)
     m0 = jax.lax.stop_gradient(jnp.asarray(m0, x.dtype))
-    return solve(ness_map, m0, (x, J, beta, R), solver=solver, adjoint=adjoint, throw=throw,
-                 default_solver=NESS_SOLVER)
+    return solvers.fixed_point(ness_map, m0, (x, J, beta, R), solver=solver,
+                               adjoint=DEFAULT_ADJOINT if adjoint is None else adjoint,
+                               throw=throw)
 
 
 def tap_ness(
-    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0, solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True, m0: Spins | None = None,
+    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
+    solver: solvers.AbstractSolver = NESS_SOLVER, adjoint: Adjoint = None, throw: bool = True,
+    m0: Spins | None = None,
 ) -> solvers.Solution:
     """Non-equilibrium steady state of the second-order dynamics, solved as a fixed point.
 
@@ -396,8 +398,8 @@ def tap_ness(
     **Arguments:**
 
     - `x`: fields `(n, D)`; `J`: couplings `(n, n)`; `beta`, `R` as `tap_step`.
-    - `solver`: `None` means `NESS_SOLVER` (pass e.g. `Anderson(tol=1e-6,
-      norm=solvers.l2_norm)` for another stopping rule); `adjoint`: `None` means
+    - `solver`: default `NESS_SOLVER` (pass e.g. `Anderson(tol=1e-6,
+      norm=solvers.l2_norm)` for another stopping rule); `adjoint`: `None` (default) means
       `DEFAULT_ADJOINT`; `throw` as `solvers.fixed_point`.
     - `m0`: initial guess, default the decoupled response φ(x).
 
@@ -407,8 +409,9 @@ def tap_ness(
 
 
 def mean_field_ness(
-    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0, solver: Solver = None,
-    adjoint: Adjoint = None, throw: bool = True, m0: Spins | None = None,
+    x: Spins, J: Matrix, *, beta: Scalar = 1.0, R: Scalar = 1.0,
+    solver: solvers.AbstractSolver = NESS_SOLVER, adjoint: Adjoint = None, throw: bool = True,
+    m0: Spins | None = None,
 ) -> solvers.Solution:
     """Steady state of the first-order dynamics, m = φ(x + J m), solved as a fixed point.
 

@@ -90,8 +90,9 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     `PairClassifier` for sentence pairs (`model.pool`). With `train.local_losses` the text
     models stop gradients between blocks (`detach_layers=True`).
 
-    The attention's registration (`nn.get_attention(cfg.model.attention)`) turns its settings
-    into constructor arguments (`Registration.kwargs_from`: the fields by name). A model
+    The attention's registration (`nn.get_attention(cfg.model.attention)`, looked up once and
+    passed to the model) turns its settings into constructor arguments
+    (`Registration.kwargs_from`: the fields by name). A model
     the modules refuse to build (a `ValueError`, e.g. free-energy attention in a causal
     model, or a patch size that does not divide the images) is a `ConfigError` naming the
     attention and the task.
@@ -105,7 +106,7 @@ def build_model(cfg: "_config.Config", dataset, *, key):
     attention_kwargs = _solvers.record_backward(reg.kwargs_from(section))
     common = dict(
         dim=m.dim, depth=m.depth, num_heads=m.num_heads, max_len=dataset.seq_len,
-        attention=reg.cls, attention_kwargs=attention_kwargs,
+        attention=reg, attention_kwargs=attention_kwargs,
         ffn_hidden=m.ffn_hidden, dropout=m.dropout,
     )
     sequence = dict(detach_layers=cfg.train.local_losses)
@@ -114,7 +115,7 @@ def build_model(cfg: "_config.Config", dataset, *, key):
         if dataset.kind == "image_classification":
             return _nn.ImageClassifier(
                 tuple(dataset.image_shape), dataset.num_classes, dim=m.dim, depth=m.depth,
-                num_heads=m.num_heads, attention=reg.cls,
+                num_heads=m.num_heads, attention=reg,
                 attention_kwargs=attention_kwargs,
                 embed=m.embed, patch=m.patch,
                 conv_channels=m.conv_channels, residual=m.residual, ffn_hidden=m.ffn_hidden,
@@ -125,7 +126,7 @@ def build_model(cfg: "_config.Config", dataset, *, key):
                                  "model.embed=patch (with model.patch dividing the image)")
             return _nn.ImageReconstructor(
                 tuple(dataset.image_shape), dim=m.dim, depth=m.depth, num_heads=m.num_heads,
-                attention=reg.cls, attention_kwargs=attention_kwargs, patch=m.patch,
+                attention=reg, attention_kwargs=attention_kwargs, patch=m.patch,
                 residual=m.residual, ffn_hidden=m.ffn_hidden, positions=m.positions,
                 dropout=m.dropout, key=k)
         if dataset.kind == "pair_classification":
