@@ -135,9 +135,14 @@ def test_vmf_shapes_and_errors():
 # ----------------------------------------------------------------------------- kinetics
 
 STEPS, BURN, CHAINS, GROUPS = 200, 40, 1024, 4
+_STATIC = ("steps", "burn", "chains", "groups", "rao_blackwell")
+# XLA's options for a program run once on small arrays (what `xla_optimizations(False)` sets),
+# and for D = 32's chains: level 1 compiled them in 3 s against the default's 10 s (runs
+# alike: 1.3 s)
+UNOPTIMIZED = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+LEVEL_1 = {"xla_backend_optimization_level": 1}
 
 
-@partial(jax.jit, static_argnames=("steps", "burn", "chains", "groups", "rao_blackwell"))
 def _stationary(key, x, J, beta, R, *, steps=STEPS, burn=BURN, chains=CHAINS, groups=GROUPS,
                 rao_blackwell=True):
     """Stationary m and connected delayed correlations D_ij = ⟨δs_i,t·δs_j,t−1⟩ from `groups`
@@ -149,10 +154,15 @@ def _stationary(key, x, J, beta, R, *, steps=STEPS, burn=BURN, chains=CHAINS, gr
     return mo.mean[:, burn:].mean(axis=1), mo.delayed[:, burn:].mean(axis=1)
 
 
-def _mc(seed, x, J, beta=1.0, R=1.0, **kw):
-    """Monte Carlo summary: m, D, its standard error, σ_MC per group → (mean, se)."""
-    m, D = _stationary(jax.random.key(seed), jnp.asarray(x, jnp.float32),
-                       jnp.asarray(J, jnp.float32), beta, R, **kw)
+_STATIONARY = {None: jax.jit(_stationary, static_argnames=_STATIC),
+               1: jax.jit(_stationary, static_argnames=_STATIC, compiler_options=LEVEL_1)}
+
+
+def _mc(seed, x, J, beta=1.0, R=1.0, level=None, **kw):
+    """Monte Carlo summary: m, D, its standard error, σ_MC per group → (mean, se). `level`:
+    XLA's optimisation level (None: as the module compiles)."""
+    m, D = _STATIONARY[level](jax.random.key(seed), jnp.asarray(x, jnp.float32),
+                              jnp.asarray(J, jnp.float32), beta, R, **kw)
     m, D = np.asarray(m, np.float64), np.asarray(D, np.float64)
     sig = beta * np.sum((J - J.T) * D, axis=(1, 2))
     g = len(D)
@@ -160,7 +170,7 @@ def _mc(seed, x, J, beta=1.0, R=1.0, **kw):
                 sigma=sig.mean(), sigma_se=sig.std(ddof=1) / np.sqrt(g))
 
 
-@partial(jax.jit, static_argnames="large_d")
+@partial(jax.jit, static_argnames="large_d", compiler_options=UNOPTIMIZED)
 def _first_order_jit(m, m_prev, J, beta, R, large_d):
     D = vector.delayed_correlations(m, m_prev, J, beta=beta, R=R, large_d=large_d)
     return D, vector.entropy_production(J, D, beta=beta)
@@ -180,9 +190,12 @@ X = (0.7 * _rng.normal(size=(N, DIM))).astype(np.float32)
 A = _rng.normal(size=(N, N)).astype(np.float32)  # asymmetric coupling pattern
 
 
-def test_decoupled_kinetics():
-    """J = 0: m = φ(x) (the exact Bessel mean) and no delayed correlations."""
-    out = _mc(0, X, np.zeros((N, N), np.float32))
+def test_decoupled_kinetics(xla_optimizations):
+    """J = 0: m = φ(x) (the exact Bessel mean) and no delayed correlations. Every step is
+    stationary (θ = x whatever the previous spins): one step of the program of
+    `test_transient_sigma_can_be_negative` (compiled once for both)."""
+    with xla_optimizations(False):
+        out = _mc(0, X, np.zeros((N, N), np.float32), **TRANSIENT)
     norm = np.linalg.norm(X, axis=1, keepdims=True)  # κ = βR‖x‖ = ‖x‖
     exact = _bessel_mean(DIM, norm, R=1.0) * X / norm
     np.testing.assert_allclose(out["m"], exact, atol=3e-3)
@@ -258,6 +271,9 @@ def test_entropy_production_scales_as_beta_squared():
         assert abs(out["sigma"] - predicted) < 0.1 * predicted, (b, out["sigma"], predicted)
 
 
+TRANSIENT = dict(steps=1, burn=0, chains=4096, groups=16)  # the first step alone
+
+
 def _pad(a, rows, cols=None):
     """Zero-pad a 2-spin array to N spins (free extra spins contribute nothing to σ), to
     reuse the functions compiled for n = N."""
@@ -276,8 +292,8 @@ def test_transient_sigma_can_be_negative(xla_optimizations):
     x = np.zeros((N, DIM), np.float32)
     x[0, 0] = 3.0
     with xla_optimizations(False):
-        first = _mc(5, x, J, steps=1, burn=0, chains=4096, groups=16)  # m_1 and D_ij,1
-        raw = _mc(6, x, J, steps=1, burn=0, chains=4096, groups=16, rao_blackwell=False)
+        first = _mc(5, x, J, **TRANSIENT)  # m_1 and D_ij,1
+        raw = _mc(6, x, J, **TRANSIENT, rao_blackwell=False)
     _, s_first = _first_order(first["m"], J, m_prev=np.zeros((N, DIM)))
     assert s_first < 0 and first["sigma"] < -10 * first["sigma_se"], (s_first, first)
     assert abs(s_first - first["sigma"]) < 0.1 * abs(first["sigma"])  # measured 3.5 %
@@ -320,7 +336,7 @@ def test_large_d_form_at_dimension_32():
     rng = np.random.default_rng(4)
     x = (rng.normal(size=(n, D)) * np.sqrt(D) * 0.7 / R).astype(np.float32)
     J = (0.4 * rng.normal(size=(n, n)) / R**2).astype(np.float32)
-    out = _mc(14, x, J, R=R, steps=120, burn=20, chains=256)
+    out = _mc(14, x, J, R=R, level=1, steps=120, burn=20, chains=256)
     D_exact, _ = _first_order(out["m"], J, R=R)
     D_large, _ = _first_order(out["m"], J, R=R, large_d=True)
     scale = np.linalg.norm(out["D"])

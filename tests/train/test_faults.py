@@ -553,11 +553,14 @@ def fuzzed_configs(draw, attentions, text_path, *, wrong_share=0.6, cheap=False)
             if draw(st.integers(0, 9)) == 0:  # a section empty or null: its defaults
                 sec = draw(st.sampled_from(["data"] + [s for s in sections
                                                        if s.startswith("model.")]))
-                set_key(raw, sec, draw(st.sampled_from([{}, None])))
-                changed.append(sec)
+                if not (cheap and sec == "model.attention"):  # (its defaults: spin's)
+                    keep_attention(raw, sec, cheap)
+                    set_key(raw, sec, draw(st.sampled_from([{}, None])))
+                    changed.append(sec)
                 continue
             leaf = draw(st.sampled_from([lf for lf in leaves if reads(raw, lf.key)
                                          and not (cheap and lf.key == "model.attention")]))
+            keep_attention(raw, leaf.key, cheap)
             set_key(raw, leaf.key, draw(plausible_values(leaf, text_path)))
             changed.append(leaf.key)
         return Fuzzed(raw, base, tuple(changed))
@@ -583,6 +586,17 @@ def fuzzed_configs(draw, attentions, text_path, *, wrong_share=0.6, cheap=False)
         bad += "_"
     set_key(raw, where + bad, draw(st.sampled_from([1, "a", None, 0.5])))
     return Fuzzed(raw, base, (where + bad,), where + bad, True)
+
+
+def keep_attention(raw: dict, key: str, cheap: bool) -> None:
+    """With `cheap`, before `key` (under `model.attention`) is set in `raw`: an attention
+    given by its name becomes the section `{name: ...}`, so that it stays (`set_key` would
+    put a section of `key` alone in its place: the default attention, spin, with its solves
+    to compile)."""
+    model = raw.get("model")
+    name = model.get("attention") if isinstance(model, dict) else None
+    if cheap and key.startswith("model.attention.") and isinstance(name, str):
+        model["attention"] = {"name": name}
 
 
 def names_key(message: str, key: str) -> bool:
