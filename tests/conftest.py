@@ -28,17 +28,16 @@ if os.environ.get("SPINFORMER_TEST_OPTIMIZED", "") in ("", "0"):
 # modules that `jax.clear_caches()` (below) separates repeat many programs), and by the next
 # run of the suite. It is the command line's cache folder (`spinformer._toolchain
 # .compilation_cache_dir`) with `tests` appended, kept between runs (the tests' programs are
-# compiled with other flags, which are part of every entry's key). It has no size limit
-# while the suite runs: JAX's limit adds a file lock and a scan of the whole folder to every
-# entry written, which over the suite's thousands of small programs made a run with an
-# empty folder much slower (69 % of the tests in 21 minutes, against 17 minutes for all of
-# them without the limit); instead a folder grown past `_TEST_CACHE_MAX` is emptied when a
-# run starts. An entry read while another process is writing it does not
+# compiled with other flags, which are part of every entry's key), and pruned as the command
+# line prunes its own (`prune_compilation_cache`: past 2 GiB when a run starts, the least
+# recently used entries go) rather than by JAX's size limit, whose file lock and scan of the
+# whole folder on every entry written made a run with an empty folder much slower over the
+# suite's thousands of small programs (69 % of the tests in 21 minutes, against 17 minutes
+# for all of them without it). An entry read while another process is writing it does not
 # decompress, and JAX then warns and compiles. The cache holds compiled code only (tracing
 # still happens), so no test's behaviour changes. SPINFORMER_TEST_CACHE=fresh uses a throwaway
 # folder (removed at the end: a run that pays every compilation, as on a fresh machine);
 # SPINFORMER_TEST_CACHE=0 turns it off.
-_TEST_CACHE_MAX = 2 * 1024**3
 _CACHE_OWNER = False
 _TEST_CACHE = os.environ.get("SPINFORMER_TEST_CACHE", "")
 if _TEST_CACHE != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -48,16 +47,12 @@ if _TEST_CACHE != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="spinformer-test-xla-")
         _CACHE_OWNER = True
     else:
-        import shutil
-
-        from spinformer._toolchain import compilation_cache_dir
+        from spinformer._toolchain import compilation_cache_dir, prune_compilation_cache
 
         _dir = compilation_cache_dir()
         if _dir is not None:
             _dir = _dir / "tests"
-            if _dir.is_dir() and sum(f.stat().st_size for f in _dir.iterdir()
-                                     if f.is_file()) > _TEST_CACHE_MAX:
-                shutil.rmtree(_dir, ignore_errors=True)
+            prune_compilation_cache(_dir)
             os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_dir)
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"

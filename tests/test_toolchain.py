@@ -219,3 +219,45 @@ def test_a_jax_cache_folder_the_user_set_is_left_to_jax(tmp_path):
     before = jax.config.jax_compilation_cache_max_size
     assert use_compilation_cache({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == tmp_path
     assert jax.config.jax_compilation_cache_max_size == before
+
+
+def test_the_compilation_cache_is_pruned_least_recently_used_first(tmp_path):
+    """Past its limit, a cache folder loses its least recently used entries down to half the
+    limit; under it, nothing."""
+    import os
+
+    from spinformer._toolchain import prune_compilation_cache
+
+    for i in range(10):  # entry 0 was used longest ago
+        f = tmp_path / f"entry{i}-cache"
+        f.write_bytes(b"x" * 100)
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+    assert prune_compilation_cache(tmp_path, max_bytes=1000) == 0
+    assert len(list(tmp_path.iterdir())) == 10
+    os.utime(tmp_path / "entry0-cache", (2_000_000, 1_000_000))  # read again: kept
+    assert prune_compilation_cache(tmp_path, max_bytes=900) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "entry0-cache", "entry7-cache", "entry8-cache", "entry9-cache"]
+    assert prune_compilation_cache(tmp_path / "absent", max_bytes=1) == 0
+
+
+def test_the_command_line_cache_keeps_small_programs(tmp_path):
+    """`use_compilation_cache` keeps every program, however quickly it compiled (a model's
+    initialisation is many small ones), and sets no JAX size limit (no lock and scan per
+    entry written)."""
+    import jax
+
+    from spinformer._toolchain import use_compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size")
+    before = {n: getattr(jax.config, n) for n in names}
+    try:
+        assert use_compilation_cache({"SPINFORMER_COMPILATION_CACHE": str(tmp_path)}) == tmp_path
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+        assert jax.config.jax_persistent_cache_min_entry_size_bytes == -1
+        assert jax.config.jax_compilation_cache_max_size == -1
+    finally:
+        for n, v in before.items():
+            jax.config.update(n, v)
