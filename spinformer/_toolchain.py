@@ -195,6 +195,12 @@ def use_compilation_cache(environ=None):
     **Returns:** the folder, or None when the cache is off."""
     path = compilation_cache_dir(environ)
     env = os.environ if environ is None else environ
+    if path is not None and environ is None:
+        # jaxlib logs a C++ warning for every program it reads back ("Assume version
+        # compatibility. PjRt-IFRT does not track XLA executable versions.": 57 lines on a
+        # second quickstart run); read when jaxlib loads, so this only takes effect before
+        # the first `import jax`. TF_CPP_MIN_LOG_LEVEL=0 shows them again.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if path is None or (not env.get(CACHE_ENV, "").strip()
                         and env.get("JAX_COMPILATION_CACHE_DIR")):
         return path
