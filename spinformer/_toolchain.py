@@ -187,10 +187,10 @@ def use_compilation_cache(environ=None):
     back by the next run with the same program, jax, jaxlib and device (all part of the
     entry's key, so versions never mix), small ones included (building the quickstart's
     model compiles 57 small programs, 3.7 s of XLA). The folder is pruned to
-    `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent processes share it: an entry read while another
-    process is writing it does not decompress, and JAX then warns and compiles it. A folder
-    that cannot be created leaves the cache off with a warning. A JAX_COMPILATION_CACHE_DIR
-    the user set is left to JAX's own settings (JAX reads it).
+    `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent processes share it: an
+    entry read while another process is writing it does not decompress, and JAX then warns
+    and compiles it. A folder that cannot be created leaves the cache off with a warning. A
+    JAX_COMPILATION_CACHE_DIR the user set is left to JAX's own settings (JAX reads it).
 
     **Returns:** the folder, or None when the cache is off."""
     path = compilation_cache_dir(environ)
