@@ -154,9 +154,9 @@ def prune_compilation_cache(path, max_bytes: int = CACHE_MAX_BYTES) -> int:
     """Keep a compilation-cache folder under `max_bytes`: when its files add up to more, the
     least recently used (by access, else modification, time) are deleted until half of
     `max_bytes` is left. JAX's own size limit would do this too, but with a file lock and a
-    scan of the whole folder on every entry written (108 ms per entry at 1,000 entries,
-    545 ms at 5,000), which a cache of every small program cannot afford; one scan when a
-    process starts costs milliseconds.
+    scan of the whole folder on every entry written, a cost that grows with the folder and
+    that a cache of every small program cannot afford; here the folder is scanned once, when
+    a process starts (figures: docs/results/cost.md, "Compile time").
 
     **Returns:** the number of files deleted."""
     try:
@@ -185,8 +185,9 @@ def use_compilation_cache(environ=None):
     """Switch on JAX's persistent compilation cache for this process (before its first
     compilation): every program compiled is written to `compilation_cache_dir()` and read
     back by the next run with the same program, jax, jaxlib and device (all part of the
-    entry's key, so versions never mix), small ones included (building the quickstart's
-    model compiles 57 small programs, 3.7 s of XLA). The folder is pruned to
+    entry's key, so versions never mix), small ones included (building a model eagerly
+    compiles dozens of small programs, which a second run would otherwise pay for again).
+    The folder is pruned to
     `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent processes share it: an
     entry read while another process is writing it does not decompress, and JAX then warns
     and compiles it. A folder that cannot be created leaves the cache off with a warning. A
