@@ -187,10 +187,9 @@ def use_compilation_cache(environ=None):
     back by the next run with the same program, jax, jaxlib and device (all part of the
     entry's key, so versions never mix), small ones included (building a model eagerly
     compiles dozens of small programs, which a second run would otherwise pay for again).
-    The folder is pruned to
-    `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent processes share it: an
-    entry read while another process is writing it does not decompress, and JAX then warns
-    and compiles it. A folder that cannot be created leaves the cache off with a warning. A
+    The folder is pruned to `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent
+    processes share it: an entry read while another process is writing it does not
+    decompress, and JAX then warns and compiles it. A folder that cannot be created leaves the cache off with a warning. A
     JAX_COMPILATION_CACHE_DIR the user set is left to JAX's own settings (JAX reads it).
 
     **Returns:** the folder, or None when the cache is off."""
@@ -198,9 +197,9 @@ def use_compilation_cache(environ=None):
     env = os.environ if environ is None else environ
     if path is not None and environ is None:
         # jaxlib logs a C++ warning for every program it reads back ("Assume version
-        # compatibility. PjRt-IFRT does not track XLA executable versions.": 57 lines on a
-        # second quickstart run); read when jaxlib loads, so this only takes effect before
-        # the first `import jax`. TF_CPP_MIN_LOG_LEVEL=0 shows them again.
+        # compatibility. PjRt-IFRT does not track XLA executable versions."), a line per
+        # cached program; read when jaxlib loads, so this only takes effect before the
+        # first `import jax`. TF_CPP_MIN_LOG_LEVEL=0 shows them again.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if path is None or (not env.get(CACHE_ENV, "").strip()
                         and env.get("JAX_COMPILATION_CACHE_DIR")):
