@@ -189,8 +189,9 @@ def use_compilation_cache(environ=None):
     compiles dozens of small programs, which a second run would otherwise pay for again).
     The folder is pruned to `CACHE_MAX_BYTES` first (`prune_compilation_cache`). Concurrent
     processes share it: an entry read while another process is writing it does not
-    decompress, and JAX then warns and compiles it. A folder that cannot be created leaves the cache off with a warning. A
-    JAX_COMPILATION_CACHE_DIR the user set is left to JAX's own settings (JAX reads it).
+    decompress, and JAX then warns and compiles it. A folder that cannot be created leaves
+    the cache off with a warning. A JAX_COMPILATION_CACHE_DIR the user set is left to JAX's
+    own settings (JAX reads it).
 
     **Returns:** the folder, or None when the cache is off."""
     path = compilation_cache_dir(environ)
