@@ -142,7 +142,7 @@ for _kind, _names in (
                         broyden=solvers.Broyden, newton=solvers.Newton,
                         reversible=solvers.Reversible)),
         ("adjoint", dict(implicit=solvers.Implicit, unrolled=solvers.Unrolled,
-                         phantom=solvers.Phantom, onestep=solvers.OneStep,
+                         phantom=solvers.Phantom, onestep=solvers.OneStep, shine=solvers.Shine,
                          reversible=solvers.ReversibleAdjoint)),
         ("linear_solver", dict(anderson=solvers.Anderson, picard=solvers.Picard,
                                gmres=solvers.GMRES, bicgstab=solvers.BiCGStab,

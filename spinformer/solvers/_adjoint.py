@@ -1,4 +1,4 @@
-"""How gradients flow through a solve: `Implicit`, `Unrolled`, `Phantom`, `OneStep`.
+"""How gradients flow through a solve: `Implicit`, `Shine`, `Unrolled`, `Phantom`, `OneStep`.
 
 An adjoint is passed as `adjoint=` to `fixed_point` / `root_find` (the optimistix pattern:
 an object, not a boolean flag). Each one decides how the forward loop is run and how its
@@ -8,6 +8,7 @@ output is connected to the inputs for reverse-mode differentiation.
 from __future__ import annotations
 
 import abc
+import functools
 from typing import Callable, Optional, Union
 
 import equinox as eqx
@@ -91,6 +92,14 @@ class Implicit(AbstractAdjoint):
       time, also under (nested) `vmap`: a batch where every system succeeds pays nothing,
       and one failed system of 64 costs one system's fallback. The better of the two
       answers is kept.
+    - `precondition`: start the backward solve at the forward solver's own estimate of the
+      answer and precondition it with the same estimate (`Anderson` and `Broyden` keep one:
+      their secant history approximates the inverse Jacobian, see `Shine`): the system
+      solved is Aᵀ M y = b, w = M y, with M ≈ A⁻ᵀ from the forward pass, started at y = b,
+      so w starts at the `Shine` gradient. The tolerance, the residual check and the
+      fallback are unchanged (the residual of w in the original system is the residual of
+      y in this one); only the products needed change, and memory holds the secant history
+      (2 × history × n per solve) until the backward pass.
 
     The backward solve's products are traced at the forward solver's `precision` (float32
     products by default, also on GPUs; see `AbstractSolver`).
@@ -116,6 +125,7 @@ class Implicit(AbstractAdjoint):
     max_steps: int = eqx.field(default=200, static=True)
     probe: Optional[Float[Array, "4"]] = None
     fallback: Union[AbstractLinearSolver, AbstractFixedPointSolver, None] = Auto()
+    precondition: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         ok = (AbstractLinearSolver, AbstractFixedPointSolver)
@@ -134,25 +144,45 @@ class Implicit(AbstractAdjoint):
             raise ValueError(f"Implicit(rtol={self.rtol}) must be > 0.")
         if not (isinstance(self.max_steps, int) and self.max_steps >= 1):
             raise ValueError(f"Implicit(max_steps={self.max_steps!r}) must be an int >= 1.")
+        if self.precondition and getattr(self.linear_solver, "matrix", None) is not None:
+            raise ValueError("Implicit(precondition=True) cannot precondition Dense(matrix=...),"
+                             " which solves with its closed-form matrix: use one or the other.")
 
     def attach(self, prob, args, run_loop, throw):
-        value, stats = run_loop(_stop(prob), _stop(args), differentiable=False)
-        value = _implicit_identity((prob, args, self.probe), value, _stop(self), throw)
+        out, stats = run_loop(_stop(prob), _stop(args), differentiable=False,
+                              secant=self.precondition)
+        value, secant = out if self.precondition else (out, None)
+        value = _implicit_identity((prob, args, self.probe), value, _stop(self), throw, secant)
         return value, stats
 
-    def solve_transpose(self, prob, vjp_x, b, point=None):
+    def solve_transpose(self, prob, vjp_x, b, point=None, secant=None):
         """Solve Aᵀ w = b with A = I − ∂g/∂x (fixed point) or ∂F/∂x (root) at `point =
         (x, args)`; `(w, ok, products, relative residual, fallback ran)`. `vjp_x(v) = vᵀ ∂g/∂x`
         (or vᵀ ∂F/∂x) must be a pytree (`jax.tree_util.Partial`), so that the fallback's
-        batching rule can pick one example's linearisation out of a batch."""
-        matvec = _transpose_matvec(isinstance(prob, _FixedPointProblem), vjp_x)
-        first = linear_solve(self.linear_solver, matvec, b, rtol=self.rtol,
-                             max_steps=self.max_steps, point=point)
+        batching rule can pick one example's linearisation out of a batch. `secant`: the
+        forward solver's `inverse_jacobian_t` (`precondition=True`), else None."""
+        fixed = isinstance(prob, _FixedPointProblem)
+        matvec = _transpose_matvec(fixed, vjp_x)
+        if secant is None:
+            first = linear_solve(self.linear_solver, matvec, b, rtol=self.rtol,
+                                 max_steps=self.max_steps, point=point)
+        else:  # right preconditioning: Aᵀ M y = b, w = M y, the same residual
+            M = functools.partial(_inverse_estimate, fixed, secant)
+            y, *rest = linear_solve(self.linear_solver, lambda y: matvec(M(y)), b,
+                                    rtol=self.rtol, max_steps=self.max_steps, point=point)
+            first = (M(y), *rest)
         if self.fallback is None:
             return (*first, jnp.zeros((), bool))
 
         return _fallback_solve(self.fallback, self.rtol, self.max_steps,
                                isinstance(prob, _FixedPointProblem), vjp_x, b, point, first)
+
+
+def _inverse_estimate(fixed_point, secant, v):
+    """M v with M ≈ A⁻ᵀ from the forward solver's `secant` (v ↦ Hᵀ v, H ≈ (∂F/∂x)⁻¹ for the
+    residual F): A = −∂F/∂x for a fixed point (F = g − x), A = ∂F/∂x for a root."""
+    w = secant(v)
+    return -w if fixed_point else w
 
 
 def _transpose_matvec(fixed_point, vjp_x):
@@ -291,26 +321,26 @@ _BACKWARD_MSG = (
 
 
 @eqx.filter_custom_vjp
-def _implicit_identity(vjp_arg, value, adjoint, throw):
-    del vjp_arg, adjoint, throw
+def _implicit_identity(vjp_arg, value, adjoint, throw, secant=None):
+    del vjp_arg, adjoint, throw, secant
     return value
 
 
 @_implicit_identity.def_fwd
-def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw):
-    del perturbed, vjp_arg, adjoint, throw
+def _implicit_fwd(perturbed, vjp_arg, value, adjoint, throw, secant=None):
+    del perturbed, vjp_arg, adjoint, throw, secant
     return value, None
 
 
 @_implicit_identity.def_bwd
-def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw):
+def _implicit_bwd(residuals, g_value, perturbed, vjp_arg, value, adjoint, throw, secant=None):
     del residuals
     # the backward solve's own products at the forward solver's precision
     with matmul_precision(vjp_arg[0].precision):
-        return _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw)
+        return _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw, secant)
 
 
-def _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw):
+def _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw, secant):
     prob = vjp_arg[0]
     # Only the leaves being differentiated get a cotangent (skips, e.g., a fixed J).
     diff, static = eqx.partition(vjp_arg[:2], perturbed[:2])
@@ -325,7 +355,7 @@ def _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw):
     b = g_value if isinstance(prob, _FixedPointProblem) else -g_value
     w, ok, steps, rel, fell_back = adjoint.solve_transpose(
         prob, jax.tree_util.Partial(lambda f, v: f(v)[1], vjp), b,
-        point=(value, jax.lax.stop_gradient(vjp_arg[1])))
+        point=(value, jax.lax.stop_gradient(vjp_arg[1])), secant=secant)
     if throw:
         w = eqx.error_if(w, ~ok, _BACKWARD_MSG)
     else:
@@ -337,6 +367,39 @@ def _implicit_bwd_traced(g_value, perturbed, vjp_arg, value, adjoint, throw):
         record = jnp.stack([jnp.ones((), dt), steps.astype(dt), rel.astype(dt),
                             fell_back.astype(dt)])
     return (*g_diff, record)
+
+
+class Shine(AbstractAdjoint):
+    r"""SHINE (Ramzi, Mannel, Bauschke, Ciuciu, Starck & Moreau, "SHINE: SHaring the INverse
+    Estimate from the forward pass for bi-level optimization and implicit models", ICLR
+    2022): the implicit gradient with the adjoint system's inverse taken from the forward
+    solver instead of solved for, w = M ḡ with M ≈ (I − ∂g/∂x)⁻ᵀ (fixed point) or
+    −(∂F/∂x)⁻ᵀ (root), built from the inverse-Jacobian estimate H the secant solvers keep:
+    `Broyden`'s own, or `Anderson`'s multisecant one (`Anderson.inverse_jacobian_t`). No
+    product with the Jacobian is taken: the backward pass costs one vector–Jacobian product
+    with respect to the parameters, as `OneStep`'s, and memory holds the secant history
+    until the backward pass. With no history (a solve that converged at its start) the
+    estimate is H = −I and the gradient is `OneStep`'s.
+
+    How good the gradient is depends on how much of the Jacobian the history saw: H is exact
+    on the directions the iterates moved along and −I elsewhere. It is an approximation with
+    no tolerance and no failure report; `Implicit(precondition=True)` uses the same estimate
+    as the start and preconditioner of an exact solve. The forward pass is the same as
+    `Implicit`'s. Forward solvers: `Anderson` or `Broyden`.
+    """
+
+    def attach(self, prob, args, run_loop, throw):
+        (value, secant), stats = run_loop(_stop(prob), _stop(args), differentiable=False,
+                                          secant=True)
+        value = _implicit_identity((prob, args, None), value, _stop(self), throw, secant)
+        return value, stats
+
+    def solve_transpose(self, prob, vjp_x, b, point=None, secant=None):
+        """`(M b, True, 0 products, NaN residual (not measured), no fallback)`."""
+        del vjp_x, point
+        w = _inverse_estimate(isinstance(prob, _FixedPointProblem), secant, b)
+        return (w, jnp.ones((), bool), jnp.zeros((), jnp.int32),
+                jnp.full((), jnp.nan, b.dtype), jnp.zeros((), bool))
 
 
 class Phantom(AbstractAdjoint):

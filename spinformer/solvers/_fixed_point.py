@@ -17,7 +17,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
-from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom
+from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Shine
 from ._lanes import while_lanes
 from ._linear import Auto
 from ._reversible import Reversible, ReversibleAdjoint
@@ -58,14 +58,21 @@ def check_solver(solver, adjoint, *, root: bool = False, where: str = "") -> Non
         )
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(
-            f"{lead}`adjoint` must be one of Implicit(), Unrolled(), Phantom(), OneStep(), "
-            f"ReversibleAdjoint(); got {adjoint!r}."
+            f"{lead}`adjoint` must be one of Implicit(), Shine(), Unrolled(), Phantom(), "
+            f"OneStep(), ReversibleAdjoint(); got {adjoint!r}."
         )
     if root and isinstance(adjoint, (Phantom, OneStep, ReversibleAdjoint)):
         raise ValueError(
             f"{lead}{type(adjoint).__name__}() differentiates fixed points only; a root "
-            "takes Implicit() or Unrolled()."
+            "takes Implicit(), Shine() or Unrolled()."
         )
+    if (isinstance(adjoint, Shine) or getattr(adjoint, "precondition", False)) and (
+            type(solver).inverse_jacobian_t is AbstractSolver.inverse_jacobian_t):
+        what = ("Shine()" if isinstance(adjoint, Shine) else "Implicit(precondition=True)")
+        raise ValueError(
+            f"{lead}adjoint={what} reuses the forward solver's estimate of the inverse "
+            f"Jacobian, which solver=Anderson() and Broyden() keep and "
+            f"{type(solver).__name__}() does not. Use one of those, or adjoint=Implicit().")
     if isinstance(adjoint, ReversibleAdjoint) and not isinstance(solver, Reversible):
         raise ValueError(
             f"{lead}adjoint=ReversibleAdjoint() runs the steps of solver=Reversible() "
@@ -312,8 +319,8 @@ def _strategy(solver: AbstractSolver, differentiable: bool, plain: bool):
     return _compacting
 
 
-def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x0, budget,
-              throw, verbose, trace, name, plain=False):
+def _run_loop(prob, args, *, differentiable: bool, last: bool = False, secant: bool = False,
+              solver, x0, budget, throw, verbose, trace, name, plain=False):
     """Solve `prob` from `x0`: `(x, (num_steps, residual at x, residual at the last iterate,
     result, trace or None))`, x the best iterate. `_solve_traced` binds the keywords after
     `last`; an adjoint calls the rest and attaches gradients to `x`.
@@ -322,6 +329,8 @@ def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x
     `last=True`: `x` is `(solver, its own state after the last step)` instead, with the
     residual of that last iterate, for an adjoint that continues from the solver's state
     (`ReversibleAdjoint`).
+    `secant=True`: `x` is `(x, the solver's inverse_jacobian_t at its last state)`, for an
+    adjoint that reuses the forward solver's estimate (`Shine`, `Implicit(precondition=True)`).
 
     The solver's `terminate` alone decides whether the solve converged. With `throw`, the
     failure check is attached to `x` here, before any adjoint sees it; `backward_error_if`
@@ -352,6 +361,8 @@ def _run_loop(prob, args, *, differentiable: bool, last: bool = False, solver, x
     history = None if out.trace is None else jax.lax.stop_gradient(out.trace)
     stats = (out.steps, jax.lax.stop_gradient(rn), jax.lax.stop_gradient(rn_last), result,
              history)
+    if secant:
+        x = (x, jax.lax.stop_gradient(solver.inverse_jacobian_t(out.state.inner)))
     return ((solver, x) if last else x), stats
 
 
@@ -452,7 +463,8 @@ def fixed_point(
       finder (`Broyden()`, `Newton()`) applied to fn(x) − x.
       The solver carries the stopping rule: `tol` (converged when ‖fn(x) − x‖ ≤ tol),
       `max_steps` and `norm`, e.g. `Anderson(tol=1e-6, max_steps=300, norm=solvers.l2_norm)`.
-    - `adjoint`: how gradients are computed: `Implicit()` (default), `Unrolled()`,
+    - `adjoint`: how gradients are computed: `Implicit()` (default), `Shine()` (the
+      forward's secant estimate of the inverse, no backward solve), `Unrolled()`,
       `Phantom(steps, damping)`, `OneStep()`, or `ReversibleAdjoint()` (with
       `solver=Reversible()` only: the iterations' gradients at constant memory, exact up to
       rounding errors that grow with the steps).

@@ -209,6 +209,15 @@ class AbstractSolver(eqx.Module):
     def output(self, state: Any) -> tuple[Array, Array]:
         """`(x, residual_norm_at_x)` for the current iterate."""
 
+    def inverse_jacobian_t(self, state: Any) -> Optional[Callable[[Array], Array]]:
+        """`v ↦ Hᵀ v`, H the solver's own estimate of the inverse Jacobian (∂F/∂x)⁻¹ of the
+        residual F at its last iterate (F(x) = g(x) − x for a fixed point), as a pytree
+        (`jax.tree_util.Partial`) holding only the arrays it needs; None where the solver
+        keeps no estimate. `Anderson` and `Broyden` keep one (secant methods); the adjoints
+        `Shine` and `Implicit(precondition=True)` use it in the backward pass."""
+        del state
+        return None
+
     def _rnorm(self, r):
         return jax.lax.stop_gradient(self.norm(r))
 
@@ -449,8 +458,43 @@ class Anderson(AbstractFixedPointSolver):
     def output(self, state):
         return state.x, state.rnorm
 
+    def inverse_jacobian_t(self, state):
+        """The multisecant estimate behind Anderson's step (Fang & Saad 2009; used by SHINE,
+        Ramzi et al. 2022): with the differences ΔX, ΔR (k × n) of the stored iterates and
+        residuals from the newest, H = −I + (ΔX + ΔR)ᵀ (ΔR ΔRᵀ + λ)⁻¹ ΔR, the matrix nearest
+        −I that maps every ΔRᵢ to ΔXᵢ (the secant conditions; λ: `ridge`, with every pair
+        scaled to ‖ΔRᵢ‖ = 1). Anderson's own step is x − H r with −I replaced by −(1 − damping)·I;
+        the estimate keeps −I, the inverse Jacobian of a map with ∂g/∂x = 0, since a damped
+        step length is no statement about the Jacobian. With an empty history, Hᵀ = −I.
+        Returns `v ↦ Hᵀ v` = −v + ΔRᵀ C v with C = (ΔR ΔRᵀ + λ)⁻¹ (ΔX + ΔR), formed here."""
+        m = self.history
+        newest = (state.pos - 1) % m
+        valid = state.mask & (jnp.arange(m) != newest)
+        dX = state.X - state.X[newest]
+        dR = state.R - state.R[newest]
+        # each pair scaled to ‖ΔRᵢ‖ = 1 (H does not change; the ridge becomes relative to
+        # each direction, where residuals that shrank by orders of magnitude would leave the
+        # newest directions under a ridge relative to the largest)
+        size = jnp.sqrt(jnp.sum(dR * dR, axis=1))
+        valid = valid & (size > 0)
+        inv = jnp.where(valid, 1.0 / jnp.where(valid, size, 1.0), 0.0)[:, None]
+        dX, dR = dX * inv, dR * inv
+        validf = valid.astype(dR.dtype)
+        eye = jnp.eye(m, dtype=dR.dtype)
+        G = dR @ dR.T + eye * (1.0 - validf) + self.ridge * eye * validf
+        C = jax.vmap(lambda c: _spd_solve(G, c), in_axes=1, out_axes=1)(dX + dR)
+        C = jnp.where(jnp.all(jnp.isfinite(C)), C, 0.0)  # a singular history: Hᵀ = −I
+        return jax.tree_util.Partial(_low_rank_t, dR, C)
 
-# ----------------------------------------------------------------------------- jaxopt
+
+def _low_rank_t(dR, C, v):
+    """−v + ΔRᵀ (C v): `Anderson.inverse_jacobian_t`'s product."""
+    return -v + dR.T @ (C @ v)
+
+
+def _dense_t(H, v):
+    """Hᵀ v for a dense estimate `H` (`Broyden(history=None)`)."""
+    return H.T @ v
 
 
 # ----------------------------------------------------------------------------- Broyden
@@ -565,6 +609,17 @@ class Broyden(AbstractRootFinder):
 
     def output(self, state):
         return state.x, state.rnorm
+
+    def inverse_jacobian_t(self, state):
+        """`v ↦ Hᵀ v` with H the inverse-Jacobian estimate the iteration kept."""
+        if self.history is None:
+            return jax.tree_util.Partial(_dense_t, state.H)
+        return jax.tree_util.Partial(_limited_t, state)
+
+
+def _limited_t(state, v):
+    """Hᵀ v for a limited-memory estimate (`Broyden(history=m)`)."""
+    return Broyden._apply(state, v, transpose=True)
 
 
 # ----------------------------------------------------------------------------- Newton
