@@ -33,6 +33,7 @@ before stay unless measured again).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -84,9 +85,8 @@ def variants(default) -> dict:
     """name -> `old adjoint -> new adjoint`, the adjoints compared (see the docstring)."""
     def implicit(**changes):
         def make(a):
-            base = a if isinstance(a, S.Implicit) else S.Implicit()
-            return eqx.tree_at(lambda x: [getattr(x, k) for k in changes], base,
-                               list(changes.values()))
+            return dataclasses.replace(a if isinstance(a, S.Implicit) else S.Implicit(),
+                                       **changes)
         return make
 
     anderson = S.Anderson(history=5, safeguard=False)
@@ -102,18 +102,18 @@ def variants(default) -> dict:
 
 
 def _flat(grads):
-    grads, _ = S.backward_stats(grads)
+    """The parameters' gradient as one vector (the adjoints' probes left out)."""
+    grads = jax.tree.map(lambda x: None if _is_adjoint(x) else x, grads, is_leaf=_is_adjoint)
     return jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(eqx.filter(grads,
                                                                               eqx.is_array))])
 
 
-def compare(model, batch, key, objective, names, exact_flat):
-    """name -> {cos, rel, p_b} for the adjoints `names` (name -> make) on `model`."""
+def compare(model, batch, key, grad, names, exact_flat):
+    """name -> {cos, rel, p_b} for the adjoints `names` (name -> make) on `model`; `grad`
+    the jitted gradient of the loss (one compilation per adjoint, reused at every step)."""
     out = {}
     for name, make in names.items():
-        m = with_adjoint(model, make)
-        g = eqx.filter_jit(eqx.filter_grad(
-            lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective)[0]))(m, batch, key)
+        g = grad(with_adjoint(model, make), batch, key)
         _, records = S.backward_stats(g)
         flat = _flat(g)
         if records:
@@ -155,6 +155,8 @@ def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
                              precision=cfg.train.precision, objective=objective)
     batch = lambda i: {k: jnp.asarray(v) for k, v in dataset.batch(i, "train").items()}  # noqa
     probe_batch, key = batch(10_000), jax.random.key(1)
+    grad = eqx.filter_jit(eqx.filter_grad(
+        lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective)[0]))
     names, skipped = usable(state.model, variants(None))
     row = {"skipped": skipped, "at": {}}
     done = 0
@@ -162,20 +164,15 @@ def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
         for i in range(done, target):
             state, _ = step(state, batch(i), jax.random.key(i))
         done = target
-        m_exact = with_adjoint(state.model, lambda a: EXACT)
-        g = eqx.filter_jit(eqx.filter_grad(
-            lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective)[0]))(
-                m_exact, probe_batch, key)
-        exact = _flat(g)
-        row["at"][str(target)] = compare(state.model, probe_batch, key, objective, names,
-                                         exact)
+        exact = _flat(grad(with_adjoint(state.model, lambda a: EXACT), probe_batch, key))
+        row["at"][str(target)] = compare(state.model, probe_batch, key, grad, names, exact)
         print(f"  step {target}: " + "  ".join(
             f"{k} cos {v['cos']:.4f} p_b {v['p_b']:.1f}" for k, v in row["at"][str(target)].items()),
             flush=True)
     b = batch(done)
     calls = {"softmax": softmax_step}
     for name, make in names.items():
-        st = eqx.tree_at(lambda s: s.model, state, with_adjoint(state.model, make))
+        st = sf.train.RunState.init(with_adjoint(state.model, make), opt)  # (timing only)
         calls[name] = lambda st=st: step(st, b, key)
     t = interleaved(calls, repeats)
     row["ratio"] = {name: t.ratio("softmax", name) for name in names}

@@ -9,14 +9,17 @@ answer is then checked in float64 (success: the float64 residual of the returned
    forward + backward (gradient of a fixed linear read-out with respect to W, U, b), the
    gradient checked against a float64 dense implicit-function solve;
 3. a smooth 64-dimensional root, F(x) = tanh(Wx + b) − x with ‖W‖₂ = 1.5 (Picard need not
-   converge), tol 1e-6: forward solve with quasi-Newton methods.
+   converge), tol 1e-6: forward solve with quasi-Newton methods;
+4. another smooth 64-dimensional root, F(y) = y + 0.5·tanh(Ay) − b with A ~ N(0, 1/n),
+   tol 1e-5 (solved as the fixed point y = b − 0.5·tanh(Ay) by the fixed-point methods).
 
 Peers run when they import: jaxopt (0.8.5), optimistix (0.1.0: no Anderson; its default
 implicit adjoint builds the Jacobian), banax (0.1.5+, needs Python ≥ 3.12). A missing peer
 is printed as such. Timing is interleaved (one call of every contender per round, medians
 over rounds) so drift hits all alike. Printed per problem: each contender's steps (its own
-count), float64 residual, success and median time, then **fastest successful peer time /
-fastest successful spinformer time** (> 1: spinformer is faster).
+count), float64 residual, success, median time and `spread` (its median call over its fastest:
+what varies from call to call), then **fastest successful peer time / fastest successful
+spinformer time** (> 1: spinformer is faster).
 
 Usage: `python experiments/bench/peers.py [--quick] [--repeats N]`.
 """
@@ -89,6 +92,16 @@ def root_problem(seed=0, n=64, rate=1.5):
 
 def root_map(x, W, b):
     return jnp.tanh(W @ x + b)
+
+
+def root2_problem(seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, n)) / np.sqrt(n), rng.normal(size=n)
+
+
+def root2_map(y, A, b):
+    """Problem 4 as a fixed point: y = b − 0.5·tanh(Ay) (its residual is −F(y))."""
+    return b - 0.5 * jnp.tanh(A @ y)
 
 
 def f32(*a):
@@ -222,10 +235,13 @@ def banax_contenders(banax, tol, maxiter, kinds):
 
 def _report(title, rows, timings, ours_prefix="spinformer"):
     print(f"\n## {title}")
-    print(f"{'contender':>34} {'steps':>6} {'residual (f64)':>15} {'ok':>3} {'time ms':>9}")
+    print(f"{'contender':>34} {'steps':>6} {'residual (f64)':>15} {'ok':>3} {'time ms':>9} "
+          f"{'spread':>7}")
     for k, (steps, res, ok) in rows.items():
         t = timings.median(k) * 1e3 if k in timings.rounds else float("nan")
-        print(f"{k:>34} {steps:>6} {res:>15.2e} {'yes' if ok else 'no':>3} {t:>9.3f}")
+        spread = timings.median(k) / min(timings.rounds[k]) if k in timings.rounds else 0.0
+        print(f"{k:>34} {steps:>6} {res:>15.2e} {'yes' if ok else 'no':>3} {t:>9.3f} "
+              f"{spread:>7.2f}")
     ours = [k for k, r in rows.items() if k.startswith(ours_prefix) and r[2]]
     peers = [k for k, r in rows.items() if not k.startswith(ours_prefix) and r[2]]
     if not ours or not peers:
@@ -336,6 +352,23 @@ def main():
         cont.update(banax_contenders(banax, tol, maxiter, ("broyden",)))
     ratios["root"] = forward_problem("3. smooth root, n=64, tol 1e-6", cont, root_map,
                                      jnp.zeros(64), f32(W, b), tol, repeats)
+
+    # 4. the second root (fixed-point methods on y = b - 0.5 tanh(Ay))
+    tol, maxiter = 1e-5, 200
+    A, b = root2_problem()
+    rule = dict(tol=tol, max_steps=maxiter, norm=S.l2_norm)
+    cont = {"spinformer Broyden (fixed point)": ours_fixed(S.Broyden(**rule)),
+            "spinformer Anderson (fixed point)": ours_fixed(S.Anderson(**rule)),
+            "spinformer Broyden (root)": ours_root(S.Broyden(**rule)),
+            "spinformer Newton (root)": ours_root(S.Newton(**rule))}
+    if jaxopt:
+        cont.update(jaxopt_contenders(jaxopt, tol, maxiter, ("broyden",)))
+    if optx:
+        cont.update(optimistix_contenders(optx, tol, maxiter, ("newton",)))
+    if banax:
+        cont.update(banax_contenders(banax, tol, maxiter, ("broyden", "anderson")))
+    ratios["root2"] = forward_problem("4. smooth root y + 0.5 tanh(Ay) = b, n=64, tol 1e-5",
+                                      cont, root2_map, jnp.zeros(64), f32(A, b), tol, repeats)
 
     print("\n## Summary: fastest peer / fastest spinformer (> 1: spinformer faster)")
     for k, r in ratios.items():

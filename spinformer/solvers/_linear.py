@@ -50,12 +50,14 @@ class AbstractLinearSolver(eqx.Module):
 
 class GMRES(AbstractLinearSolver):
     """Restarted GMRES started at w = b: each cycle builds an orthonormal Krylov basis of
-    `restart` products from the current residual (Arnoldi, classical Gram–Schmidt applied
-    twice), takes the minimal-residual combination, and checks the true residual with one
-    product more; that residual starts the next cycle. The budget is rounded up to whole
-    cycles. So a solve costs 1 + cycles·(restart + 1) products: the starting residual, then
-    per cycle the basis and the check, which is the residual `linear_solve` reports. No
-    cycle runs when the starting guess already meets the tolerance.
+    up to `restart` products from the current residual (Arnoldi, classical Gram–Schmidt
+    applied twice), takes the minimal-residual combination, and checks the true residual
+    with one product more; that residual starts the next cycle. A cycle stops adding to its
+    basis as soon as the minimal residual it can reach (tracked by Givens rotations, free)
+    meets the tolerance. The budget is rounded up to whole cycles. So a solve costs
+    1 + Σ_cycles (basis size + 1) products, at most 1 + cycles·(restart + 1): the starting
+    residual, then per cycle the basis and the check, which is the residual `linear_solve`
+    reports. No cycle runs when the starting guess already meets the tolerance.
 
     (`jax.scipy.sparse.linalg.gmres` ends each cycle with a true residual of its own that a
     caller cannot read, so checking its answer costs restart + 2 products a cycle; this
@@ -86,29 +88,36 @@ class GMRES(AbstractLinearSolver):
         target = rtol * l2_norm(b)
 
         def cond(c):
-            _, _, rnorm, k = c
+            _, _, rnorm, k, _ = c
             return (rnorm > target) & (k < cycles)
 
         def body(c):
-            w, r, rnorm, k = c
-            w_new = w + _arnoldi_correction(matvec, r, rnorm, restart)
+            w, r, rnorm, k, products = c
+            d, size = _arnoldi_correction(matvec, r, rnorm, restart, target)
+            w_new = w + d
             r_new = b - matvec(w_new)
             rnorm_new = l2_norm(r_new)
             # Under vmap the loop runs on for systems that have already converged: such a
             # system (or a cycle that broke down into NaN) keeps its previous answer.
-            keep = (rnorm > target) & jnp.isfinite(rnorm_new) & (rnorm_new < rnorm)
+            going = rnorm > target
+            keep = going & jnp.isfinite(rnorm_new) & (rnorm_new < rnorm)
             return (jnp.where(keep, w_new, w), jnp.where(keep, r_new, r),
-                    jnp.where(keep, rnorm_new, rnorm), k + 1)
+                    jnp.where(keep, rnorm_new, rnorm), k + 1,
+                    products + jnp.where(going, size + 1, 0))
 
         r0 = b - matvec(b)
         rnorm0 = l2_norm(r0)
-        w, _, rnorm, k = jax.lax.while_loop(cond, body,
-                                            batched_like((b, r0, rnorm0, 0), rnorm0))
-        return w, 1 + k * (restart + 1), rnorm
+        w, _, rnorm, _, products = jax.lax.while_loop(
+            cond, body, batched_like((b, r0, rnorm0, 0, jnp.ones((), jnp.int32)), rnorm0))
+        return w, products, rnorm
 
 
-def _arnoldi_correction(matvec, r, rnorm, restart: int):
-    """The correction d in K_restart(A, r) minimising ‖r − A d‖₂: `restart` products."""
+def _arnoldi_correction(matvec, r, rnorm, restart: int, target):
+    """`(d, products)`: the correction d in K_k(A, r) minimising ‖r − A d‖₂, for the first
+    basis size k ≤ `restart` whose minimal residual is ≤ `target` (else k = `restart`), and
+    k, the products it took. The minimal residual of each k comes from Givens rotations of
+    the Hessenberg matrix, as the basis grows; d itself from a least-squares solve on the
+    first k columns (the others zero), which at k = `restart` is the full cycle's."""
     shape, dtype = r.shape, r.dtype
     dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)  # as jax's GMRES
     tiny = jnp.finfo(dtype).tiny
@@ -116,9 +125,17 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int):
     V = V.at[0].set(r.reshape(-1) / jnp.where(rnorm > tiny, rnorm, 1.0))
     H = jnp.zeros((restart + 1, restart), dtype)
     rows = jnp.arange(restart + 1)
+    # the rotations so far (cosines, sines) and the rotated right-hand side rnorm·e1, whose
+    # entry k + 1 is the minimal residual with k + 1 basis vectors (up to sign)
+    cs, sn = jnp.zeros((restart,), dtype), jnp.zeros((restart,), dtype)
+    g = jnp.zeros((restart + 1,), dtype).at[0].set(rnorm)
 
-    def arnoldi(k, VH):
-        V, H = VH
+    def going(c):
+        k, _, _, _, _, g = c
+        return (k < restart) & (jnp.abs(g[k]) > target)
+
+    def arnoldi(c):
+        k, V, H, cs, sn, g = c
         v = matvec(V[k].reshape(shape)).reshape(-1)
         basis = rows <= k
         h = jnp.where(basis, dot(V, v), 0.0)
@@ -130,12 +147,27 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int):
         # a breakdown (norm 0: the basis spans the solution) leaves the next vectors at 0
         V = V.at[k + 1].set(jnp.where(norm > tiny, v / jnp.where(norm > tiny, norm, 1.0),
                                       0.0))
-        return V, H.at[:, k].set(h)
+        H = H.at[:, k].set(h)
 
-    V, H = jax.lax.fori_loop(0, restart, arnoldi, (V, H))
+        def rotate(i, h):  # the earlier rotations, applied to the new column
+            a, b = h[i], h[i + 1]
+            on = i < k
+            return h.at[i].set(jnp.where(on, cs[i] * a + sn[i] * b, a)).at[i + 1].set(
+                jnp.where(on, -sn[i] * a + cs[i] * b, b))
+
+        h = jax.lax.fori_loop(0, restart, rotate, h)
+        rho = jnp.sqrt(h[k] ** 2 + h[k + 1] ** 2)
+        c = jnp.where(rho > tiny, h[k] / jnp.where(rho > tiny, rho, 1.0), 1.0)
+        s_ = jnp.where(rho > tiny, h[k + 1] / jnp.where(rho > tiny, rho, 1.0), 0.0)
+        g = g.at[k + 1].set(-s_ * g[k]).at[k].set(c * g[k])
+        return k + 1, V, H, cs.at[k].set(c), sn.at[k].set(s_), g
+
+    k, V, H, _, _, _ = jax.lax.while_loop(
+        going, arnoldi, batched_like((jnp.zeros((), jnp.int32), V, H, cs, sn, g), rnorm))
+    H = jnp.where(jnp.arange(restart)[None, :] < k, H, 0.0)  # columns past k: unused
     e1 = jnp.zeros((restart + 1,), dtype).at[0].set(rnorm)
     y = jnp.linalg.lstsq(H, e1)[0]
-    return dot(y, V[:restart]).reshape(shape)
+    return dot(y, V[:restart]).reshape(shape), k
 
 
 class BiCGStab(AbstractLinearSolver):

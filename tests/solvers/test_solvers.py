@@ -922,24 +922,32 @@ def test_a_module_keeps_its_adjoint_and_the_reader_records():
 
 @pytest.mark.parametrize("restart", [1, 3, 8])
 def test_gmres_reports_the_products_it_makes(restart):
-    """GMRES's product count is every product it makes (counted as they run, under jit),
-    1 + restart + 1 per cycle after the first residual; its answer meets the tolerance."""
+    """GMRES's product count is every product it makes (counted as they run, under jit):
+    the first residual, then per cycle its basis and the check; its answer meets the
+    tolerance. A cycle stops its basis where the tolerance is met: on I + a rank-2 matrix
+    the Krylov space holds the answer after 3 products, whatever `restart` allows."""
     rng = np.random.default_rng(5)
-    A = jnp.asarray(np.eye(12) + 0.3 * rng.normal(size=(12, 12)), jnp.float32)
-    b = jnp.asarray(rng.normal(size=12), jnp.float32)
-    calls = []
+    low_rank = rng.normal(size=(12, 2)) @ rng.normal(size=(2, 12)) * 0.3
+    cases = [(np.eye(12) + 0.3 * rng.normal(size=(12, 12)), None)]
+    if restart >= 3:  # (restarted GMRES(1) stagnates on it)
+        cases.append((np.eye(12) + low_rank, 1 + 3 + 1))
+    for A, most in cases:
+        A = jnp.asarray(A, jnp.float32)
+        b = jnp.asarray(rng.normal(size=12), jnp.float32)
+        calls = []
 
-    def matvec(v):
-        jax.debug.callback(lambda: calls.append(1))
-        return A @ v
+        def matvec(v):
+            jax.debug.callback(lambda: calls.append(1))
+            return A @ v
 
-    w, products, resid = jax.jit(lambda b: S.GMRES(restart).solve_with_residual(
-        matvec, b, rtol=1e-5, max_steps=60))(b)
-    jax.effects_barrier()
-    assert int(products) == len(calls)
-    assert (int(products) - 1) % (restart + 1) == 0
-    np.testing.assert_allclose(float(resid), float(jnp.linalg.norm(b - A @ w)), rtol=1e-3)
-    assert float(resid) <= 1e-5 * float(jnp.linalg.norm(b))
+        w, products, resid = jax.jit(lambda b: S.GMRES(restart).solve_with_residual(
+            matvec, b, rtol=1e-5, max_steps=60))(b)
+        jax.effects_barrier()
+        assert int(products) == len(calls)
+        if most is not None:
+            assert int(products) <= most, int(products)
+        np.testing.assert_allclose(float(resid), float(jnp.linalg.norm(b - A @ w)), rtol=1e-3)
+        assert float(resid) <= 1e-5 * float(jnp.linalg.norm(b))
 
 
 def test_backward_error_if_raises_only_in_the_backward_pass():

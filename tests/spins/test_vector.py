@@ -223,7 +223,9 @@ _ness = jax.jit(lambda x, J: vector.tap_ness(x, J, beta=BETA, R=RADIUS,
 # The adjoint solve the finite-difference checks need: GMRES converges far past the 1e-5
 # relative residual at which the default Anderson linear solver stops (enough for training,
 # too loose for rtol 1e-6).
-_GMRES_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5))
+# (a tight backward tolerance: GMRES stops where it is met, and the gradients are compared
+# with central differences to 1e-6)
+_GMRES_ADJOINT = solvers.Implicit(linear_solver=solvers.GMRES(restart=5), rtol=1e-10)
 
 
 @pytest.fixture(scope="module")
