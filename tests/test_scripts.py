@@ -169,6 +169,12 @@ CASES = [
                 r"^\| brackets16 \| spin \| \d+\.\d \| \d+\.\d \| \d\.\d\d \| \d\.\d\d"),
         reject=(r'"error"',), files=("cost/cost.json", "cost/cost.md")),
         marks=pytest.mark.slow, id="bench/cost"),
+    pytest.param(Case(  # ~3 min: spin's gradient under seven adjoints at steps 0 and 20
+        "experiments/bench/gradients.py", ("--quick", "--out", "{tmp}/grad"),
+        expect=(r"^\| brackets16/spin \| default \| 0: 1\.0000 / .* \| \d\.\d\d \|$",
+                r"^\| brackets16/spin \| shine \| 0: 0\.9\d+ / .* \| \d\.\d\d \|$"),
+        reject=(r'"error"',), files=("grad/gradients.json", "grad/gradients.md")),
+        marks=pytest.mark.slow, id="bench/gradients"),
     pytest.param(Case(  # ~15 s: softmax's steps and the minimal pure-JAX step
         "experiments/bench/compile.py", ("--configs", "brackets_softmax", "--tasks", "none",
                                          "--out", "{tmp}/compile"),

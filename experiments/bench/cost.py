@@ -67,18 +67,24 @@ TASKS = ("brackets16", "chars", "nli")
 MAX_UNROLL = 16  # the most iterations the `loop` column writes out as straight-line code
 
 
-def _built(cfg, task, train_steps: int = 0):
-    """`(batch, state, step, loss)` of a config: the jitted training step, the jitted
-    forward loss (no gradient), and the state after `train_steps` training steps on the
-    task's batches (the batch returned is the next one)."""
+def cell(cfg, task):
+    """`(state, step, batch, objective, opt)` of a config at initialisation (seed 0): the
+    jitted training step, `batch(i)` the task's i-th training batch."""
     dataset = zoo._dataset(cfg, task)
     model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
     opt = sf.train.build_optimizer(cfg)
-    state = sf.train.RunState.init(model, opt)
     objective = sf.train.build_objective(cfg)
     step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
                              precision=cfg.train.precision, objective=objective)
     batch = lambda i: {k: jnp.asarray(v) for k, v in dataset.batch(i, "train").items()}  # noqa
+    return sf.train.RunState.init(model, opt), step, batch, objective, opt
+
+
+def _built(cfg, task, train_steps: int = 0):
+    """`(batch, state, step, loss)` of a config: the jitted training step, the jitted
+    forward loss (no gradient), and the state after `train_steps` training steps on the
+    task's batches (the batch returned is the next one)."""
+    state, step, batch, objective, _ = cell(cfg, task)
     for i in range(train_steps):
         state, _ = step(state, batch(i), jax.random.key(i))
     loss = eqx.filter_jit(lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective))

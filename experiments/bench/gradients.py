@@ -50,6 +50,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _compare import interleaved, malloc_line, ratio_header  # noqa: E402
+import cost  # noqa: E402
 import zoo  # noqa: E402
 
 ROOT = HERE.parents[1]
@@ -146,14 +147,7 @@ def usable(model, names) -> tuple[dict, dict]:
 
 
 def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
-    dataset = zoo._dataset(cfg, task)
-    model = sf.train.build_model(cfg, dataset, key=jax.random.key(0))
-    opt = sf.train.build_optimizer(cfg)
-    state = sf.train.RunState.init(model, opt)
-    objective = sf.train.build_objective(cfg)
-    step = sf.train.jit_step(opt, accumulate=cfg.train.accumulate,
-                             precision=cfg.train.precision, objective=objective)
-    batch = lambda i: {k: jnp.asarray(v) for k, v in dataset.batch(i, "train").items()}  # noqa
+    state, step, batch, objective, opt = cost.cell(cfg, task)
     probe_batch, key = batch(10_000), jax.random.key(1)
     grad = eqx.filter_jit(eqx.filter_grad(
         lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective)[0]))
@@ -223,12 +217,8 @@ def main() -> None:
     for task in args.tasks.split(","):
         cells = zoo.plan_cells(grid, [task], ["softmax", *families])
         ref_cfg = zoo.base_config(grid, task, "softmax", cells[task, "softmax"].changes)
-        dataset = zoo._dataset(ref_cfg, task)
-        opt = sf.train.build_optimizer(ref_cfg)
-        ref = sf.train.RunState.init(sf.train.build_model(ref_cfg, dataset,
-                                                          key=jax.random.key(0)), opt)
-        ref_step = sf.train.jit_step(opt, objective=sf.train.build_objective(ref_cfg))
-        b = {k: jnp.asarray(v) for k, v in dataset.batch(0, "train").items()}
+        ref, ref_step, ref_batch, _, _ = cost.cell(ref_cfg, task)
+        b = ref_batch(0)
         softmax_step = lambda: ref_step(ref, b, jax.random.key(1))  # noqa: E731
         for fam in families:
             cell = cells[task, fam]

@@ -335,40 +335,27 @@ def main():
         cont.update(banax_contenders(banax, tol, maxiter, kinds))
     ratios["deq"] = deq_problem_run(cont, tol, repeats)
 
-    # 3. root
-    tol, maxiter = 1e-6, 200
-    W, b = root_problem()
-    rule = dict(tol=tol, max_steps=maxiter, norm=S.l2_norm)
-    cont = {"spinformer Broyden (fixed point)": ours_fixed(S.Broyden(**rule)),
-            "spinformer Broyden(history=10) (fixed point)":
-                ours_fixed(S.Broyden(history=10, **rule)),
-            "spinformer Broyden (root)": ours_root(S.Broyden(**rule)),
-            "spinformer Newton (root)": ours_root(S.Newton(**rule))}
-    if jaxopt:
-        cont.update(jaxopt_contenders(jaxopt, tol, maxiter, ("broyden",)))
-    if optx:
-        cont.update(optimistix_contenders(optx, tol, maxiter, ("newton",)))
-    if banax:
-        cont.update(banax_contenders(banax, tol, maxiter, ("broyden",)))
-    ratios["root"] = forward_problem("3. smooth root, n=64, tol 1e-6", cont, root_map,
-                                     jnp.zeros(64), f32(W, b), tol, repeats)
-
-    # 4. the second root (fixed-point methods on y = b - 0.5 tanh(Ay))
-    tol, maxiter = 1e-5, 200
-    A, b = root2_problem()
-    rule = dict(tol=tol, max_steps=maxiter, norm=S.l2_norm)
-    cont = {"spinformer Broyden (fixed point)": ours_fixed(S.Broyden(**rule)),
-            "spinformer Anderson (fixed point)": ours_fixed(S.Anderson(**rule)),
-            "spinformer Broyden (root)": ours_root(S.Broyden(**rule)),
-            "spinformer Newton (root)": ours_root(S.Newton(**rule))}
-    if jaxopt:
-        cont.update(jaxopt_contenders(jaxopt, tol, maxiter, ("broyden",)))
-    if optx:
-        cont.update(optimistix_contenders(optx, tol, maxiter, ("newton",)))
-    if banax:
-        cont.update(banax_contenders(banax, tol, maxiter, ("broyden", "anderson")))
-    ratios["root2"] = forward_problem("4. smooth root y + 0.5 tanh(Ay) = b, n=64, tol 1e-5",
-                                      cont, root2_map, jnp.zeros(64), f32(A, b), tol, repeats)
+    # 3. and 4.: smooth roots, quasi-Newton methods (4: the fixed-point methods too)
+    for key, title, (A, b), mapping, tol, extra, peer_kinds in (
+            ("root", "3. smooth root, n=64, tol 1e-6", root_problem(), root_map, 1e-6,
+             ("Broyden(history=10) (fixed point)", dict(history=10)), ("broyden",)),
+            ("root2", "4. smooth root y + 0.5 tanh(Ay) = b, n=64, tol 1e-5", root2_problem(),
+             root2_map, 1e-5, ("Anderson (fixed point)", None), ("broyden", "anderson"))):
+        rule = dict(tol=tol, max_steps=200, norm=S.l2_norm)
+        name, kw = extra
+        cont = {"spinformer Broyden (fixed point)": ours_fixed(S.Broyden(**rule)),
+                f"spinformer {name}": ours_fixed(S.Broyden(**kw, **rule) if kw else
+                                                 S.Anderson(**rule)),
+                "spinformer Broyden (root)": ours_root(S.Broyden(**rule)),
+                "spinformer Newton (root)": ours_root(S.Newton(**rule))}
+        if jaxopt:
+            cont.update(jaxopt_contenders(jaxopt, tol, 200, ("broyden",)))
+        if optx:
+            cont.update(optimistix_contenders(optx, tol, 200, ("newton",)))
+        if banax:
+            cont.update(banax_contenders(banax, tol, 200, peer_kinds))
+        ratios[key] = forward_problem(title, cont, mapping, jnp.zeros(64), f32(A, b), tol,
+                                      repeats)
 
     print("\n## Summary: fastest peer / fastest spinformer (> 1: spinformer faster)")
     for k, r in ratios.items():
