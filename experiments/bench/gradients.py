@@ -175,8 +175,8 @@ def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
 
 
 def table(rows: dict) -> str:
-    lines = ["| task / family | adjoint | " + " | ".join(["cos", "rel", "p_b"]) +
-             " (at each step) | step ratio |", "|---|---|---|---|"]
+    lines = ["| task / family | adjoint | step: cos / rel / p_b | step ratio |",
+             "|---|---|---|---|"]
     for key, r in rows.items():
         if "error" in r:
             lines.append(f"| {key} | — | {r['error']} | — |")
