@@ -82,7 +82,7 @@ def with_adjoint(model, make):
     return jax.tree.map(swap, model, is_leaf=_is_adjoint)
 
 
-def variants(default) -> dict:
+def variants() -> dict:
     """name -> `old adjoint -> new adjoint`, the adjoints compared (see the docstring)."""
     def implicit(**changes):
         def make(a):
@@ -151,7 +151,7 @@ def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
     probe_batch, key = batch(10_000), jax.random.key(1)
     grad = eqx.filter_jit(eqx.filter_grad(
         lambda m, b, k: sf.train.loss_fn(m, b, k, objective=objective)[0]))
-    names, skipped = usable(state.model, variants(None))
+    names, skipped = usable(state.model, variants())
     row = {"skipped": skipped, "at": {}}
     done = 0
     for target in at:
