@@ -10,6 +10,8 @@ import functools
 import pathlib
 from typing import Callable, Iterable, Optional, Union
 
+from spinformer._toolchain import failure_message, release_compiled_code  # noqa: F401
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -50,34 +52,6 @@ def chosen(names: Optional[str], known: Iterable[str], default: Iterable[str]) -
     return picked
 
 
-def failure_message(e: BaseException) -> str:
-    """The one line of an exception that says what failed: a solver's own line
-    (`fixed_point: ...`, `root_find: ...`, without JAX's wrapper prefix) where there is one,
-    else the first line of the message (the type's name for an empty one). What the sweeps
-    record in a failed run's `failed.json` and print."""
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    msg = next((x for x in lines if "fixed_point:" in x or "root_find:" in x),
-               lines[0] if lines else type(e).__name__)
-    return msg.split("EquinoxRuntimeError: ")[-1]
-
-
-def release_compiled_code() -> None:
-    """Drop every compiled program of this process (`jax.clear_caches()`, then a garbage
-    collection so that the executables, and the memory mappings each holds, are freed now).
-
-    Each XLA:CPU executable keeps memory mappings of its own. A training run compiles its
-    programs once, but a grid of runs in one process kept them all: `zoo.py all --quick`
-    grew by about 1,650 mappings per run and died at the kernel's limit of 65,530
-    (`vm.max_map_count`) with "LLVM compilation error: Cannot allocate memory", 38 runs in.
-    Between runs nothing compiled is reused, so dropping it costs nothing."""
-    import gc
-
-    import jax
-
-    jax.clear_caches()
-    gc.collect()
-
-
 def releasing_compiled_code(run: Callable) -> Callable:
     """`run` (a training run, `spinformer.train.run`) followed by `release_compiled_code()`,
     however it ends, so that the memory mappings of a process do not grow with the number of
@@ -101,7 +75,7 @@ def run_script(main: Callable[[], object]) -> None:
     the system allows (as the `spinformer` command does; `SPINFORMER_HUGEPAGES=0` turns it
     off), then `main()`, its return value the exit status. Every `spinformer.train.run` the
     script makes releases the compiled programs when it ends (`releasing_compiled_code`), so
-    that a grid or sweep of any length trains in one process; the persistent compilation
+    that a sweep of any length trains in one process; the persistent compilation
     cache (`spinformer._toolchain.use_compilation_cache`, as for the `spinformer` command)
     gives the next run of the same program, another seed of the cell, its compiled code
     back."""

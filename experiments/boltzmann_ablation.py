@@ -44,7 +44,7 @@ import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import dispatch, make_parser, run_script  # noqa: E402
-from _stats import t975  # noqa: E402
+from spinformer.grid import t975  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {"brackets": ROOT / "configs/boltzmann_brackets.yaml",

@@ -43,7 +43,7 @@ import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import chosen, dispatch, failure_message, make_parser, run_script  # noqa: E402
-from _stats import mean_ci  # noqa: E402
+from spinformer.grid import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASE = ROOT / "configs/nli_softmax.yaml"

@@ -41,7 +41,7 @@ import spinformer as sf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cli import dispatch, make_parser, run_script  # noqa: E402
-from _stats import mean_ci  # noqa: E402
+from spinformer.grid import mean_ci  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 S2 = {"model.attention.mode": "steps", "model.attention.update": "mean_field", "model.attention.num_steps": 2}

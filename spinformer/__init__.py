@@ -6,6 +6,8 @@
 - `spinformer.nn`: Equinox attention modules, blocks, stacked transformers and heads.
 - `spinformer.data`, `spinformer.train`, `spinformer.config`: datasets, the training loop
   and typed experiment configs behind the `spinformer` command.
+- `spinformer.grid`: grids of runs against softmax at equal steps or equal compute (the zoo,
+  the scaling study, a family of one's own), behind `spinformer grid`.
 
 The subpackages are imported when first used (`spinformer.nn` or `import spinformer.nn`), so
 that `import spinformer.solvers` loads the solvers alone.
@@ -15,7 +17,7 @@ import importlib as _importlib
 
 __version__ = "0.2.0"
 
-__all__ = ["config", "data", "nn", "solvers", "spins", "train", "__version__"]
+__all__ = ["config", "data", "grid", "nn", "solvers", "spins", "train", "__version__"]
 
 
 def __getattr__(name: str):

@@ -263,10 +263,79 @@ def _resumed_config(path, saved, cfg, overrides, out):
     return resumed, notes
 
 
+def find_grid(name: str) -> pathlib.Path:
+    """A grid file path, or a shipped grid's name (`zoo/scaling`, or `scaling` for short)."""
+    from .config import ConfigError
+
+    try:
+        return find_config(name)
+    except ConfigError as e:
+        try:
+            return find_config(f"zoo/{name}")
+        except ConfigError:
+            raise e from None
+
+
+def _cmd_grid(args) -> int:
+    from . import grid as G
+    from .train import TrainingInterrupted
+
+    path = find_grid(args.grid)
+    split = [[x.strip() for x in v.split(",") if x.strip()] if v else None
+             for v in (args.tasks, args.families)]
+    g = G.load_grid(path, tasks=split[0], families=split[1])
+    name = g.get("experiment") or path.stem
+    results = pathlib.Path(args.results or pathlib.Path("experiments", "results", name))
+    runs = G.Runs(pathlib.Path(args.runs or pathlib.Path("runs", name)), results / "ledger")
+    G.use_imports(g, runs, args.imports)
+    if args.action == "plan":
+        print("\n".join(G.plan(g, runs)))
+    elif args.action == "price":
+        G.price_grid(g, runs)
+    elif args.action == "report":
+        G.report(g, runs, results)
+    elif args.engine == "submitit":
+        from .grid._engine import run_submitit
+
+        run_submitit(g, runs, retry_failed=args.retry_failed, imports=args.imports,
+                     options=_engine_options(args.engine_option))
+    else:
+        if not args.worker:
+            cache = getattr(args, "cache", None)
+            print(f"spinformer: grid {path}: runs in {runs.root}, outcomes in {runs.ledger}"
+                  + (f" (compiled programs kept in {cache})" if cache else ""),
+                  file=sys.stderr)
+        try:
+            G.run_grid(g, runs, workers=args.workers, retry_failed=args.retry_failed,
+                       worker=args.worker, imports=args.imports)
+        except TrainingInterrupted as e:  # the run saved a checkpoint; a rerun resumes it
+            print(f"spinformer: grid stopped by {signal.Signals(e.signum).name}; the run in "
+                  "flight is checkpointed, and the same command continues the grid.",
+                  file=sys.stderr)
+            return 128 + e.signum
+    return 0
+
+
+def _engine_options(pairs) -> dict:
+    """`--engine-option KEY=VALUE` pairs as a dict, values read as YAML (numbers, booleans)."""
+    from .config import ConfigError
+
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--engine-option {pair!r}: expected KEY=VALUE, e.g. "
+                              "slurm_partition=gpu or timeout_min=600.")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def _how_to_run(configs: pathlib.Path, group: str) -> str:
     """How the experiment script of a config folder takes its configs: `--config PATH` when
     the script has that option, else a pointer to its `--help` (it picks its configs by
-    other options)."""
+    other options); the grids of `zoo/` by `spinformer grid`."""
+    if group == "zoo":
+        return f"grids: `spinformer grid plan|price|run|report {group}/NAME`"
     script = configs.resolve().parent / "experiments" / f"{group}.py"
     try:
         takes_config = '"--config"' in script.read_text()
@@ -504,6 +573,34 @@ def build_parser() -> argparse.ArgumentParser:
                    "tolerance are counted and reported)")
     g.set_defaults(fn=_cmd_generate)
 
+    gr = sub.add_parser("grid", help="a grid of runs against softmax at equal steps or equal "
+                        "compute: plan, price, run, report")
+    gr.add_argument("action", choices=("plan", "price", "run", "report"),
+                    help="plan: the cells and what is done; price: each cell's steps and time "
+                    "per step; run: train what is unfinished; report: tables and figures")
+    gr.add_argument("grid", help="a grid file, or a shipped grid's name (zoo/full, zoo/quick, "
+                    "zoo/scaling, zoo/headline, zoo/adjoints; `spinformer list` shows them)")
+    _import_option(gr)
+    gr.add_argument("--runs", help="the run directories (default: runs/<experiment>; local to "
+                    "the machine that trains them)")
+    gr.add_argument("--results", help="the report and the ledger (<results>/ledger, the one "
+                    "record of the grid; default: experiments/results/<experiment>)")
+    gr.add_argument("--tasks", help="comma-separated tasks (default: all)")
+    gr.add_argument("--families", help="comma-separated families (default: all; softmax, "
+                    "the reference, is always added)")
+    gr.add_argument("--workers", type=int, default=1,
+                    help="run: worker processes sharing the runs directory, one core each (1)")
+    gr.add_argument("--retry-failed", action="store_true",
+                    help="run: train the runs recorded as failed again")
+    gr.add_argument("--engine", choices=("local", "submitit"), default="local",
+                    help="run: local worker processes, or one job per run through submitit "
+                    "(SLURM, or its local executor; `pip install submitit`)")
+    gr.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="run with --engine submitit: a parameter of its executor, e.g. "
+                    "cluster=local, slurm_partition=gpu, timeout_min=600 (repeatable)")
+    gr.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # --workers' own
+    gr.set_defaults(fn=_cmd_grid)
+
     dg = sub.add_parser("diagnose", help="fixed-point diagnostics of a trained run, per layer")
     _import_option(dg)
     dg.add_argument("run_dir", help="the run directory (runs/<config name>[-N])")
@@ -540,7 +637,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             restart_with_hugepages([sys.executable, "-m", "spinformer", *sys.argv[1:]])
         args = build_parser().parse_args(argv)
-        if args.fn in (_cmd_run, _cmd_generate, _cmd_diagnose):  # programs worth keeping
+        if args.fn in (_cmd_run, _cmd_generate, _cmd_diagnose, _cmd_grid):  # worth keeping
             from ._toolchain import use_compilation_cache
 
             args.cache = use_compilation_cache()

@@ -104,7 +104,7 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     for p in CONFIGS:
         assert p.stem in listing
     # each experiment folder says how its script takes configs, and only what it accepts
-    assert "experiments/zoo.py all --config" in listing
+    assert "spinformer grid plan|price|run|report zoo/NAME" in listing
     assert "experiments/attractor.py all --config" in listing
     assert "spin_lm.py all --config" not in listing and "spin_lm.py --help" in listing
     # one short line each: the first sentence of the description, which fits unclipped

@@ -1,17 +1,19 @@
-"""`experiments/scaling.py report` on synthetic ledgers whose answers are known by
+"""The report at equal compute (`spinformer.grid.scaling_report`) on synthetic ledgers whose answers are known by
 construction: losses drawn from known power laws, hand-written curves (nothing is trained)."""
 
-import importlib.util
 import json
 import math
 import pathlib
-import sys
 
 import numpy as np
 import pytest
+import yaml
+
+from spinformer import grid as G
+from spinformer.grid import _scaling
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-GRID = ROOT / "configs" / "zoo" / "scaling.yaml"
+SIZES = ("small", "medium", "large")  # the scaling grid's first three
 # L = a C^(-alpha): softmax is lower at the small budget, spin (steeper) at the large one
 LAWS = {"softmax": (6.0, 0.05), "spin": (14.9, 0.08)}
 GAMMA = 0.2  # within a run, val loss = L_final (C / f)^GAMMA: steeper than any law above
@@ -20,12 +22,27 @@ OVERSPEND = {"softmax": 1.001, "spin": 1.03}  # FLOPs spent / budget (spin: + 0.
 
 @pytest.fixture(scope="module")
 def scaling():
-    path = ROOT / "experiments" / "scaling.py"
-    spec = importlib.util.spec_from_file_location("scaling", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["scaling"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return _scaling
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """The scaling grid with its first three sizes (the synthetic ledgers' answers are
+    worked out for them), written where the reports can name it."""
+    g = yaml.safe_load((ROOT / "configs" / "zoo" / "scaling.yaml").read_text())
+    g["tasks"] = {s: {**g["tasks"][s], "config": str(ROOT / g["tasks"][s]["config"])}
+                  for s in SIZES}
+    for fam in g["families"].values():
+        fam.pop("skip", None)
+    path = tmp_path_factory.mktemp("grid") / "scaling.yaml"
+    path.write_text(yaml.safe_dump(g, sort_keys=False))
+    return G.load_grid(path)
+
+
+def _report(grid, results: pathlib.Path) -> dict:
+    """The report of the ledger in `results/ledger`, written into `results`."""
+    ledger = results / "ledger"
+    return G.scaling_report(grid, G.Runs(ledger, ledger), results)
 
 
 def _write(path: pathlib.Path, obj) -> None:
@@ -70,15 +87,12 @@ def _synthetic_ledger(ledger: pathlib.Path, budgets: dict, seeds: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def report(scaling, tmp_path_factory):
-    import zoo
-
-    grid = zoo.load_grid(GRID)
+def report(grid, tmp_path_factory):
     budgets = {s: float(t["flops"]) for s, t in grid["tasks"].items()}
-    seeds = {s: zoo.seeds_of(grid, s) for s in grid["tasks"]}
+    seeds = {s: G.seeds_of(grid, s) for s in grid["tasks"]}
     results = tmp_path_factory.mktemp("scaling")
     truth = _synthetic_ledger(results / "ledger", budgets, seeds)
-    scaling.main(["report", "--results", str(results)])
+    _report(grid, results)
     stats = json.loads((results / "scaling.json").read_text())
     return {"results": results, "stats": stats, "truth": truth, "budgets": budgets,
             "seeds": seeds, "md": (results / "scaling.md").read_text()}
@@ -185,7 +199,7 @@ def test_figures_written(report):
         assert (report["results"] / name).stat().st_size > 10_000
 
 
-def test_equal_time_gap_interpolates(scaling, tmp_path):
+def test_equal_time_gap_interpolates(scaling, grid, tmp_path):
     """Hand-written curves: softmax ends first, at T = 30 s (seed 0) and 40 s (seed 1); spin's
     loss there lies between two of its evaluations."""
     ledger = tmp_path / "ledger"
@@ -200,8 +214,8 @@ def test_equal_time_gap_interpolates(scaling, tmp_path):
         _write(ledger / "small" / fam / f"lr1_s{seed}" / "result.json",
                _result("small", fam, seed, test=pts[-1][1], flops=3e12, steps=len(pts),
                        curve=curve, wall=pts[-1][0] + 5))
-    stats = scaling.main(["report", "--results", str(tmp_path)]) or json.loads(
-        (tmp_path / "scaling.json").read_text())
+    _report(grid, tmp_path)
+    stats = json.loads((tmp_path / "scaling.json").read_text())
     g = stats["sizes"]["small"]["spin"]["gap_time"]
     assert g["T_s"] == {"0": 30.0, "1": 40.0}
     assert g["mean"] == pytest.approx((0.5 - 0.1) / 2)
@@ -217,8 +231,8 @@ def test_equal_time_gap_interpolates(scaling, tmp_path):
         (tmp_path / "scaling.md").read_text()
 
 
-def test_empty_ledger(scaling, tmp_path, capsys):
-    scaling.main(["report", "--results", str(tmp_path)])
+def test_empty_ledger(grid, tmp_path, capsys):
+    _report(grid, tmp_path)
     out = capsys.readouterr().out
     assert "no finished run" in out
     md = (tmp_path / "scaling.md").read_text()

@@ -18,7 +18,6 @@ import os
 import pathlib
 import random
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -40,14 +39,7 @@ COVERED_ELSEWHERE = {
     "experiments/implicit_images.py": "tests/test_experiments.py::test_implicit_images_quick",
     "experiments/ngt_nli.py": "tests/test_experiments.py::test_ngt_nli_quick",
     "experiments/spin_lm.py": "tests/test_experiments.py::test_spin_lm_runs_resumes_and_reports",
-    "experiments/zoo.py": "tests/test_experiments.py::test_zoo_quick_grid",
 }
-
-
-def _scaling_ledger(tmp: pathlib.Path) -> None:
-    """The committed ledger of the scaling grid, copied: `report` reads `--results/ledger`
-    and writes beside it."""
-    shutil.copytree(EXPERIMENTS / "results" / "scaling" / "ledger", tmp / "scaling" / "ledger")
 
 
 def _text(tmp: pathlib.Path) -> None:
@@ -85,13 +77,6 @@ class Case:
 # the time of each script at the sizes below is in the comment beside it.
 CASES = [
     # --------------------------------------------------------------------- default run
-    pytest.param(Case(  # ~3 s: reads the ledger, fits, plots
-        "experiments/scaling.py", ("report", "--results", "{tmp}/scaling"),
-        expect=(r"^scaling: \d+ finished runs", r"^  softmax +alpha = \d\.\d+ ± \d\.\d+",
-                r"^  frontier at \S+ FLOPs"),
-        files=("scaling/scaling.md", "scaling/scaling.json", "scaling/loss_vs_flops.png",
-               "scaling/loss_vs_time.png"),
-        setup=_scaling_ledger, timeout=300), id="scaling"),
     pytest.param(Case(  # ~5 s
         "experiments/bench/boltzmann.py", ("--quick", "--repeats", "1"),
         expect=(r"^ratios are per-query enumeration time / boltzmann_marginals time",

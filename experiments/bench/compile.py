@@ -48,7 +48,7 @@ from spinformer.cli import find_config
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-import zoo  # noqa: E402
+from spinformer.grid import _grid as zoo  # noqa: E402 (the grid's cells)
 
 ROOT = HERE.parents[1]
 CONFIGS = ("quickstart",)

@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _compare import interleaved, malloc_line, ratio_header  # noqa: E402
 import cost  # noqa: E402
-import zoo  # noqa: E402
+from spinformer.grid import _grid as zoo  # noqa: E402 (the grid's cells)
 
 ROOT = HERE.parents[1]
 FAMILIES = ("spin", "boltzmann_mf", "hopfield", "implicit")

@@ -1,60 +1,43 @@
-"""The attention zoo: every registered attention family on every task it applies to, on one
-trainer, one data pipeline and one budget per task, in one table.
+"""Grids of training runs: tasks × families × seeds on one trainer, one data pipeline and one
+budget per task, compared with softmax paired by seed.
 
-    python experiments/zoo.py run                  # every unfinished run of configs/zoo/full.yaml
-    python experiments/zoo.py run --workers 2      # two worker processes (one core each)
-    python experiments/zoo.py report               # tables + figures from what is finished
-    python experiments/zoo.py all --quick          # the quick grid (configs/zoo/quick.yaml)
-    python experiments/zoo.py plan                 # what would run, and why cells are empty
-    python experiments/zoo.py cost --tasks chars   # time per training step of each cell
+    spinformer grid plan   GRID     # the cells, their parameters, what is done
+    spinformer grid price  GRID     # each cell's steps (FLOP budgets) and time per step
+    spinformer grid run    GRID     # every unfinished run (--workers 2: two processes)
+    spinformer grid report GRID     # tables + figures from the ledger
 
-The grid file (`--config`, default `configs/zoo/full.yaml`; `--quick`: `configs/zoo/quick.yaml`)
-names the tasks (a base config, changes, the metric and the split it is measured on), the
-families (config changes, per-task changes, the knob that matches the parameter count to
-softmax's, tasks skipped with a reason), the seeds and the learning-rate candidates.
+The grid file (a YAML file, or a shipped grid's name: `zoo/full`, `zoo/scaling`, ...) names
+the tasks (a base config, changes, the metric and the split it is measured on, optionally a
+budget of training FLOPs), the families (config changes, per-task changes, the knob that
+matches the parameter count to softmax's, tasks skipped with a reason), the seeds, the
+learning-rate candidates and the modules to import (`imports`: a family of one's own, whose
+module registers its attention; `--import` adds more).
 
 **Protocol.** For each task × family: the family's parameter count is matched to softmax's on
 that task by its knob (`match`, e.g. the FFN width), where the knob can reach it. The first
 seed trains once per learning-rate candidate (the task's `train.lr` times each
 `lr_factors`, `train.coupling_lr` scaled alike); the candidate with the lowest final
 validation loss is the cell's learning rate, and the other seeds train with it. Every family
-gets the same candidates and the same budget, so none wins by tuning. The first seed's runs
-chose the learning rate on the validation split; the metric is read on the test split where the
-task has one (for characters, which has none, on validation: a small optimistic bias that every
-family shares).
+gets the same candidates and the same budget, so none wins by tuning. A task with a FLOP
+budget (`flops`) has each cell priced first (`price`: the steps that spend it) and every run
+counts the FLOPs it spends.
 
-**Cells.** The task metric (mean ± the half-width of the 95 % t-interval over seeds), its gap
-to softmax paired by seed (and for perplexity the paired ratio), and the costs measured in the
-same runs: parameters, training throughput (steps per second after the first log, as a ratio to
-softmax's on the same task; workers running side by side share the machine, so read it as
-rough), the compiled training step's memory (arguments + outputs + XLA's temporaries, from
-`memory_analysis()`), forward solver steps and backward products per layer (the diagnostics'
-means over layers), failed solves and skipped steps. A family that cannot run a task gets a
-cell that says why: the grid's `skip` reason, or the library's own error when it refuses to
-build the model (for example, a non-causal attention in a language model).
-
-**Resuming.** Runs go to `--runs/<task>/<family>/lr<factor>_s<seed>` (default `runs/zoo`,
-`runs/zoo_quick` with `--quick`); a finished run (`result.json`) is skipped, a run killed
-midway resumes from its checkpoint, and a run that raised is recorded (`failed.json`, with the
-error) and the grid goes on (`--retry-failed` tries them again). Each outcome is also copied
-into the ledger `--results/ledger/` (the same tree, outcomes only), which is committed with the
-report: a fresh checkout skips what the ledger holds and `report` reads it. A run that outlives
-the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped after the
-step in flight, checkpointed and recorded as failed with its pace, so one family that slows to
-a crawl mid-training does not hold the grid (`--retry-failed` leaves such runs alone; raise the
-budget to continue them); a run whose step never returns after the stop request (a hang in
-compiled code) is recorded the same way 15 minutes later and its worker exits. Several workers
-may share one `--runs` directory: each claims a run with a lock directory (a stale lock of a
-dead process is taken over).
-
-`report` writes `--results` (default `experiments/results/zoo`, `.../zoo_quick` with `--quick`):
-`zoo.md` (the summary table and one table per task), `zoo.json` (every number), `gaps.png`
-(a heat map of the paired gaps to softmax) and `cost.png` (quality against throughput per task).
+**Resuming.** Runs go to `<runs>/<task>/<family>/lr<factor>_s<seed>`; a finished run
+(`result.json`) is skipped, a run killed midway resumes from its checkpoint, and a run that
+raised is recorded (`failed.json`, with the error) and the grid goes on (`retry_failed`
+tries them again). Each outcome is also copied into the ledger (`<results>/ledger/`, the same
+tree, outcomes only, with the prices and the imported modules), which is committed with the
+report: a fresh checkout skips what the ledger holds and `report` reads it. A run that
+outlives the grid's `max_run_minutes` (per task: `tasks.<task>.max_run_minutes`) is stopped
+after the step in flight, checkpointed and recorded as failed with its pace; a run whose step
+never returns after the stop request (a hang in compiled code) is recorded the same way
+15 minutes later and its worker exits. Several workers may share one runs directory: each
+claims a run with a lock directory (a stale lock of a dead process is taken over); on a
+cluster, `engine="submitit"` hands each run to the scheduler instead (`_engine.py`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -68,20 +51,18 @@ import sys
 import threading
 import time
 import traceback
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import yaml
 
 import spinformer as sf
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _cli import ROOT, chosen, dispatch, failure_message, make_parser, run_script  # noqa: E402
-from _stats import mean_ci  # noqa: E402
+from .._toolchain import failure_message, release_compiled_code
 
 METRICS = {"accuracy": True, "perplexity": False, "loss": False, "mse": False}  # higher better?
 GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params", "tasks",
-             "families", "max_run_minutes"}
+             "families", "max_run_minutes", "imports"}
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes",
              "flops", "seeds", "probe_steps"}
 FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
@@ -90,19 +71,45 @@ NO_DATA = "the task's data is not available"
 IMAGE_TASKS = ("digits", "fashion_mnist")  # tokens from the model's image stem, not seq_len
 
 
+class GridError(sf.config.ConfigError):
+    """A grid file, or a choice of its tasks and families, that cannot be run: the message
+    names the file, the key and what would be valid."""
+
+
+def find_file(grid, name: str) -> Optional[pathlib.Path]:
+    """A file a grid names (a task's `config`, a `data.path`, an import): as given (relative to
+    the working directory), else relative to the grid file's folder or one of its parents, so
+    that `configs/x.yaml` is found from a checkout's `configs/zoo/` and from the installed
+    package's `spinformer/configs/zoo/` alike. None if there is none."""
+    p = pathlib.Path(name)
+    if p.is_absolute() or p.is_file():
+        return p if p.is_file() else None
+    here = pathlib.Path(grid["_path"]).resolve().parent
+    return next((d / p for d in (here, *here.parents) if (d / p).is_file()), None)
+
+
 # ------------------------------------------------------------------------------ the grid
 
-def load_grid(path) -> dict:
-    """The grid file, checked: unknown keys, a missing reference family, a metric or split
-    that does not exist are errors that name the key."""
+def load_grid(path, *, tasks: Optional[Sequence[str]] = None,
+              families: Optional[Sequence[str]] = None) -> dict:
+    """The grid file at `path`, checked, as a dict: unknown keys, a missing reference family,
+    a metric, split or config file that does not exist are `GridError`s that name the key.
+    `tasks` and `families` choose some of the grid's (default: all; softmax, the reference,
+    is always added); they are kept as `grid["_tasks"]` and `grid["_families"]`, and the
+    file's path as `grid["_path"]`."""
     path = pathlib.Path(path)
-    grid = yaml.safe_load(path.read_text()) or {}
+    try:
+        grid = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise GridError(f"{path}: cannot be read as a grid file ({e}).") from None
+    grid["_path"] = str(path)
 
     def bad(msg):
-        raise SystemExit(f"{path}: {msg}")
+        raise GridError(f"{path}: {msg}")
 
-    if set(grid) - GRID_KEYS:
-        bad(f"unknown key(s) {sorted(set(grid) - GRID_KEYS)}; known: {sorted(GRID_KEYS)}.")
+    if set(grid) - GRID_KEYS - {"_path"}:
+        bad(f"unknown key(s) {sorted(set(grid) - GRID_KEYS - {'_path'})}; known: "
+            f"{sorted(GRID_KEYS)}.")
     for key in ("seeds", "lr_factors", "tasks", "families"):
         if not grid.get(key):
             bad(f"`{key}` is missing or empty.")
@@ -116,9 +123,9 @@ def load_grid(path) -> dict:
             bad(f"tasks.{name}.metric must be one of {sorted(METRICS)}; got {t.get('metric')!r}.")
         if t.get("split", "val") not in ("val", "test"):
             bad(f"tasks.{name}.split must be val or test; got {t.get('split')!r}.")
-        if not (ROOT / t.get("config", "")).is_file():
+        if find_file(grid, t.get("config") or "") is None:
             bad(f"tasks.{name}.config: no config file {t.get('config')!r} (relative to the "
-                "repository root).")
+                "working directory, or to the grid file's folder or one above it).")
     for name, f in grid["families"].items():
         if set(f) - FAMILY_KEYS:
             bad(f"families.{name}: unknown key(s) {sorted(set(f) - FAMILY_KEYS)}; known: "
@@ -142,19 +149,51 @@ def load_grid(path) -> dict:
                 f"absent: train.steps decides); got {f!r}.")
         if "seeds" in t and not t["seeds"]:
             bad(f"tasks.{name}.seeds is empty (leave it out to use the grid's seeds).")
+    if not isinstance(grid.get("imports") or [], list):
+        bad(f"imports must be a list of modules (.py files or dotted names); got "
+            f"{grid['imports']!r}.")
     grid.setdefault("match_params", True)
     grid["seeds"] = [int(s) for s in grid["seeds"]]
     grid["lr_factors"] = [float(x) for x in grid["lr_factors"]]
+    for key, names in (("tasks", tasks), ("families", families)):
+        picked = list(names) if names else list(grid[key])
+        if unknown := [n for n in picked if n not in grid[key]]:
+            bad(f"no {key} {unknown} in the grid; its {key}: {sorted(grid[key])}.")
+        grid[f"_{key}"] = picked
+    if REFERENCE not in grid["_families"]:
+        grid["_families"].insert(0, REFERENCE)  # every gap is taken to it
     return grid
 
 
-def _resolve(changes: dict) -> dict:
-    """`data.path` values that name a file of the repository are made absolute (so a grid
-    works from any directory)."""
+def use_imports(grid, runs: "Runs", extra: Sequence[str] = ()) -> list[str]:
+    """Import the modules the grid needs (a family of one's own registers its attention when
+    its module is imported): those its ledger recorded, the grid file's `imports` (`.py`
+    paths relative to the grid file's folder, dotted names found from it too) and `extra`
+    (`--import`, relative to the working directory); the new ones are recorded in the
+    ledger, so that workers, a resumed grid and `report` import them by themselves. Returns
+    the modules imported."""
+    from ..train._plugins import import_modules, import_run_modules, record_imports
+
+    names = []
+    for name in [*(grid.get("imports") or []), *extra]:
+        found = find_file(grid, name) if str(name).endswith(".py") else None
+        names.append(str(found.resolve()) if found is not None else str(name))
+    done = import_run_modules(runs.ledger) if runs.ledger is not None else []
+    import_modules(names, search=[str(pathlib.Path(grid["_path"]).resolve().parent)],
+                   where=f"{grid['_path']}: imports")
+    if runs.ledger is not None and names:
+        runs.ledger.mkdir(parents=True, exist_ok=True)
+        record_imports(runs.ledger, names)
+    return done + names
+
+
+def _resolve(grid, changes: dict) -> dict:
+    """`data.path` values that name a file (relative to the grid, see `find_file`) are made
+    absolute, so that a grid works from any directory."""
     out = dict(changes)
     p = out.get("data.path")
-    if isinstance(p, str) and (ROOT / p).is_file():
-        out["data.path"] = str(ROOT / p)
+    if isinstance(p, str) and (found := find_file(grid, p)) is not None:
+        out["data.path"] = str(found.resolve())
     return out
 
 
@@ -172,8 +211,8 @@ def family_label(grid, task: str, family: str) -> str:
 def base_config(grid, task: str, family: str, extra: Optional[dict] = None):
     """The config of `family` on `task` before seeds, learning rate and matching."""
     t = grid["tasks"][task]
-    cfg = sf.config.load_config(ROOT / t["config"])
-    changes = {**_resolve(t.get("set") or {}), **family_changes(grid, task, family),
+    cfg = sf.config.load_config(find_file(grid, t["config"]))
+    changes = {**_resolve(grid, t.get("set") or {}), **family_changes(grid, task, family),
                "train.progress": False, **(extra or {})}
     return cfg.replace(changes)
 
@@ -371,11 +410,14 @@ def jobs(grid, cells) -> list[tuple[str, str, Optional[float], int]]:
 def chosen_factor(grid, runs: Runs, task, family) -> tuple[Optional[float], dict]:
     """`(factor, losses)`: the candidate with the lowest final validation loss once every
     candidate is finished or failed (None while one is pending; NaN if all failed). Where
-    the ledger fixes the cell's factor (`choice.json`), that factor."""
+    the ledger fixes the cell's factor (`choice.json`), that factor; where the grid has one
+    candidate, that one (the other seeds need not wait for the first)."""
     losses = {}
     fixed = runs.choice(task, family)
     if fixed is not None:
         return fixed, losses
+    if len(grid["lr_factors"]) == 1:
+        return grid["lr_factors"][0], losses
     for x in grid["lr_factors"]:
         d = runs.dir(task, family, x, seeds_of(grid, task)[0])
         if (r := runs.read(d, "result.json")) is not None:
@@ -654,9 +696,9 @@ def _over_budget(out: pathlib.Path, minutes: float) -> RunOverBudget:
 
 def _failure(out: pathlib.Path, e: BaseException) -> dict:
     records = _train_records(out)
-    # paths inside the repository are written relative to it: the message goes into the
-    # committed ledger and report
-    message = failure_message(e).replace(str(ROOT) + os.sep, "")
+    # paths inside the working directory are written relative to it: the message goes into
+    # the committed ledger and report
+    message = failure_message(e).replace(str(pathlib.Path.cwd()) + os.sep, "")
     info = {"error": type(e).__name__, "message": message[:500],
             "last_logged_step": records[-1]["step"] if records else None,
             "traceback": traceback.format_exc()[-3000:]}
@@ -675,7 +717,7 @@ def _fmt_metric(metric, value) -> str:
 
 
 def _pin_to_one_cpu() -> None:
-    """Run this worker on one CPU (the `ZOO_WORKER_INDEX`-th of those it may use), before
+    """Run this worker on one CPU (the `SPINFORMER_GRID_WORKER`-th of those it may use), before
     JAX starts its CPU backend, whose intra-op thread pool then has a single thread.
 
     With a pool of two threads (2 cores), free-energy training steps deadlocked: jaxlib's
@@ -686,123 +728,148 @@ def _pin_to_one_cpu() -> None:
     native stacks taken with gdb, jaxlib 0.10). A pool of one thread runs the parts inline
     and cannot wedge. The project's bounds now exclude jaxlib 0.10, so the pin matters for
     an environment that has it anyway; it also keeps each worker to the one core
-    `--workers` promises, so that parallel workers do not share cores."""
+    `workers` promises, so that parallel workers do not share cores."""
     if not hasattr(os, "sched_setaffinity"):
         return
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:
-        index = int(os.environ.get("ZOO_WORKER_INDEX", os.getpid()))
+        index = int(os.environ.get("SPINFORMER_GRID_WORKER", os.getpid()))
         os.sched_setaffinity(0, {cpus[index % len(cpus)]})
 
 
-def cmd_run(args) -> None:
-    if args.worker:
-        _pin_to_one_cpu()
-    grid = _grid(args)
-    if args.workers > 1:
-        return _spawn(args)
-    runs = _runs(args)
-    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
-    todo = jobs(grid, cells)
-    tag = f"[worker {os.getpid()}] " if args.worker else ""
-    print(f"{tag}zoo: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
-          f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> "
-          f"{runs.root} (outcomes also in {runs.ledger})",
-          flush=True)
-    if args.retry_failed:  # not the runs stopped by the time budget: they would stop again
-        for task, fam, factor, seed in todo:
-            for name in runs.names(task, fam):
-                out = runs.root / task / fam / name
-                f = runs.read(out, "failed.json")
-                if f is not None and f.get("error") != RunOverBudget.__name__:
-                    runs.unfail(out)
-    t_start = time.time()
-    while True:
-        waiting = progressed = False
-        for n, (task, fam, factor, seed) in enumerate(todo):
-            cell = cells[task, fam]
-            if factor is not None and runs.choice(task, fam) not in (None, factor):
-                continue  # a candidate of a cell whose factor the ledger fixes: not needed
-            if factor is None:
-                factor, _ = chosen_factor(grid, runs, task, fam)
-                if factor is None:  # candidates not finished yet (another worker has them)
-                    waiting = True
-                    continue
-                if math.isnan(factor):  # every candidate failed: nothing to train
-                    continue
-            out = runs.dir(task, fam, factor, seed)
-            if runs.done(out):
-                continue
-            if not claim(out):
+def train_run(grid, runs: Runs, cell: Cell, factor: float, seed: int, *,
+              label: str = "") -> Optional[str]:
+    """Train one run of the grid (`run_one`) under its lock, its time budget and the ledger:
+    the outcome (a result, a failure with its message, a stop by the time budget) is written
+    and published; the process's compiled programs are released after it (each XLA:CPU
+    executable holds memory mappings, and a process that kept them all died at the kernel's
+    limit after 38 runs). Returns the line it printed, or None where it did nothing: the run
+    is finished, or another worker holds it. A KeyboardInterrupt (not the budget's) is raised
+    again after the run checkpointed."""
+    out = runs.dir(cell.task, cell.family, factor, seed)
+    if runs.done(out) or not claim(out):
+        return None
+    task, t0 = cell.task, time.time()
+    head = f"{label}{task}/{cell.family} lr×{factor:g} s{seed}"
+    budget = _Budget(None, 0.0)
+    try:
+        if runs.done(out):
+            return None
+        measure = seed == seeds_of(grid, task)[0] and factor == grid["lr_factors"][0]
+        minutes = grid["tasks"][task].get("max_run_minutes", grid.get("max_run_minutes"))
+        done = [r for r in _train_records(out) if "time_s" in r]
+        budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0, out,
+                         publish=runs.publish)
+        try:
+            if budget.fired:
+                raise KeyboardInterrupt  # recorded below, not trained again
+            budget.start()
+            r = run_one(grid, cell, factor, seed, out, measure_memory=measure, runs=runs)
+            budget.cancel()
+            runs.publish(out)
+            metric = grid["tasks"][task]["metric"]
+            line = (f"{head}: {metric} {_fmt_metric(metric, _metric_of(r, metric))} "
+                    f"({time.time() - t0:.0f} s)")
+        except (KeyboardInterrupt, SystemExit, sf.train.TrainingInterrupted):
+            if not budget.fired:
+                raise
+            try:
+                raise _over_budget(out, minutes)
+            except RunOverBudget as e:
+                info = _failure(out, e)
+            runs.publish(out)
+            line = f"{head}: STOPPED: {info['message']}"
+        except Exception as e:  # recorded; the grid goes on
+            info = _failure(out, e)
+            runs.publish(out)
+            line = f"{head}: FAILED after step {info['last_logged_step']}: {info['message']}"
+    finally:
+        budget.cancel()
+        release(out)
+        release_compiled_code()
+    print(line, flush=True)
+    return line
+
+
+def pending(grid, runs: Runs, cells, todo) -> tuple[list, bool]:
+    """`(runnable, waiting)`: the runs of `todo` (from `jobs`) that can train now, as
+    `(cell, factor, seed)` in priority order, and whether others wait for a cell's
+    learning-rate candidates to finish."""
+    out, waiting = [], False
+    for task, fam, factor, seed in todo:
+        if factor is not None and runs.choice(task, fam) not in (None, factor):
+            continue  # a candidate of a cell whose factor the ledger fixes: not needed
+        if factor is None:
+            factor, _ = chosen_factor(grid, runs, task, fam)
+            if factor is None:  # candidates not finished yet
                 waiting = True
                 continue
-            t0 = time.time()
-            budget = _Budget(None, 0.0)
-            try:
-                if runs.done(out):
-                    continue
-                measure = (seed == seeds_of(grid, task)[0]
-                           and factor == grid["lr_factors"][0])
-                minutes = grid["tasks"][task].get("max_run_minutes",
-                                                  grid.get("max_run_minutes"))
-                done = [r for r in _train_records(out) if "time_s" in r]
-                budget = _Budget(minutes, done[-1]["time_s"] if done else 0.0, out,
-                                 publish=runs.publish)
-                try:
-                    if budget.fired:
-                        raise KeyboardInterrupt  # recorded below, not trained again
-                    budget.start()
-                    r = run_one(grid, cell, factor, seed, out, measure_memory=measure,
-                                runs=runs)
-                    budget.cancel()
-                    runs.publish(out)
-                    metric = grid["tasks"][task]["metric"]
-                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
-                          f"{metric} {_fmt_metric(metric, _metric_of(r, metric))} "
-                          f"({time.time() - t0:.0f} s)", flush=True)
-                except (KeyboardInterrupt, SystemExit, sf.train.TrainingInterrupted):
-                    if not budget.fired:
-                        raise
-                    try:
-                        raise _over_budget(out, minutes)
-                    except RunOverBudget as e:
-                        info = _failure(out, e)
-                    runs.publish(out)
-                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
-                          f"STOPPED: {info['message']}", flush=True)
-                except Exception as e:  # recorded; the grid goes on
-                    info = _failure(out, e)
-                    runs.publish(out)
-                    print(f"{tag}[{n + 1}/{len(todo)}] {task}/{fam} lr×{factor:g} s{seed}: "
-                          f"FAILED after step {info['last_logged_step']}: {info['message']}",
-                          flush=True)
-            finally:
-                budget.cancel()
-                release(out)
-            progressed = True
-            break  # re-scan from the top: a finished candidate may unblock higher priorities
-        if not progressed:
+            if math.isnan(factor):  # every candidate failed: nothing to train
+                continue
+        if not runs.done(runs.dir(task, fam, factor, seed)):
+            out.append((cells[task, fam], factor, seed))
+    return out, waiting
+
+
+def _unfail(grid, runs: Runs, todo) -> None:
+    """Forget the failures of `todo`'s runs, so that they train again; not the runs stopped
+    by the time budget: they would stop again."""
+    for task, fam, _, _ in todo:
+        for name in runs.names(task, fam):
+            out = runs.root / task / fam / name
+            f = runs.read(out, "failed.json")
+            if f is not None and f.get("error") != RunOverBudget.__name__:
+                runs.unfail(out)
+
+
+def run_grid(grid, runs: Runs, *, workers: int = 1, retry_failed: bool = False,
+             worker: bool = False, imports: Sequence[str] = ()) -> None:
+    """Train every unfinished run of the grid's chosen tasks and families, the learning-rate
+    candidates of every cell first. `workers` > 1 starts that many worker processes on the
+    same runs directory (`spinformer grid run --worker`, one core and one thread each);
+    `worker` is what each of them passes (it pins the process to its core, so call it
+    before JAX starts). `retry_failed` trains the failed runs again (not those stopped by
+    the time budget). `imports` are passed on to the workers."""
+    if worker:
+        _pin_to_one_cpu()
+    if workers > 1:
+        return _spawn(grid, runs, workers, retry_failed, imports)
+    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
+    todo = jobs(grid, cells)
+    tag = f"[worker {os.getpid()}] " if worker else ""
+    print(f"{tag}grid: {len(todo)} runs over {sum(c.reason is None for c in cells.values())} "
+          f"cells ({sum(c.reason is not None for c in cells.values())} empty) -> "
+          f"{runs.root} (outcomes also in {runs.ledger})", flush=True)
+    if retry_failed:
+        _unfail(grid, runs, todo)
+    t_start, n = time.time(), 0
+    while True:
+        ready, waiting = pending(grid, runs, cells, todo)
+        for cell, factor, seed in ready:
+            if train_run(grid, runs, cell, factor, seed, label=f"{tag}[{n + 1}] "):
+                n += 1
+                break  # re-scan from the top: a finished candidate may unblock others
+            waiting = True  # held by another worker
+        else:
             if not waiting:
                 break
             time.sleep(5.0)
-    print(f"{tag}zoo: nothing left to run ({time.time() - t_start:.0f} s).", flush=True)
+    print(f"{tag}grid: nothing left to run ({n} trained here, "
+          f"{time.time() - t_start:.0f} s).", flush=True)
 
 
-def _spawn(args) -> None:
-    """`--workers N`: N worker processes on the same runs directory, one thread each."""
+def _spawn(grid, runs: Runs, workers: int, retry_failed: bool, imports) -> None:
+    """`workers` worker processes on the same runs directory, one thread each."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
-    cmd = [sys.executable, __file__, "run", "--workers", "1", "--worker", "--runs", args.runs,
-           "--results", args.results, "--config", str(args.config)]
-    for opt in ("tasks", "families"):
-        if getattr(args, opt):
-            cmd += [f"--{opt}", getattr(args, opt)]
-    if args.retry_failed:
-        cmd.append("--retry-failed")
+    cmd = [sys.executable, "-m", "spinformer", "grid", "run", str(grid["_path"]), "--worker",
+           "--runs", str(runs.root), "--results", str(runs.ledger.parent),
+           "--tasks", ",".join(grid["_tasks"]), "--families", ",".join(grid["_families"])]
+    cmd += ["--retry-failed"] * retry_failed + [x for m in imports for x in ("--import", m)]
     procs = []
-    for i in range(args.workers):
-        procs.append(subprocess.Popen(cmd, env=dict(env, ZOO_WORKER_INDEX=str(i))))
+    for i in range(workers):
+        procs.append(subprocess.Popen(cmd, env=dict(env, SPINFORMER_GRID_WORKER=str(i))))
         time.sleep(2.0)  # let the first claim its run before the next scans
     try:
         codes = [p.wait() for p in procs]
@@ -811,30 +878,31 @@ def _spawn(args) -> None:
             p.wait()
         raise
     if any(codes):
-        raise SystemExit(f"zoo: worker exit codes {codes}")
+        raise SystemExit(f"grid: worker exit codes {codes}")
 
 
-def cmd_plan(args) -> None:
-    grid = _grid(args)
-    runs = _runs(args)
+def plan(grid, runs: Runs) -> list[str]:
+    """One line per cell: its parameters against softmax's (and how they were matched), the
+    runs done and failed; or why the cell is empty."""
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
     ref = {t: cells[t, REFERENCE].params for t in grid["_tasks"]}
+    lines = []
     for (task, fam), c in cells.items():
         if c.reason:
-            print(f"{task:12s} {fam:20s} empty: {c.reason}")
+            lines.append(f"{task:12s} {fam:20s} empty: {c.reason}")
             continue
-        names = runs.names(task, fam)
-        done = sum(runs.read(runs.root / task / fam / n, "result.json") is not None
-                   for n in names)
-        failed = sum(runs.read(runs.root / task / fam / n, "result.json") is None
-                     and runs.read(runs.root / task / fam / n, "failed.json") is not None
-                     for n in names)
-        print(f"{task:12s} {fam:20s} {c.params:>8,} params ({c.params / ref[task]:.2f}× "
-              f"softmax{'; ' + c.match_note if c.match_note else ''}); {done} done, "
-              f"{failed} failed")
+        outs = [runs.root / task / fam / n for n in runs.names(task, fam)]
+        done = sum(runs.read(o, "result.json") is not None for o in outs)
+        failed = sum(runs.read(o, "result.json") is None
+                     and runs.read(o, "failed.json") is not None for o in outs)
+        lines.append(f"{task:12s} {fam:20s} {c.params:>8,} params "
+                     f"({c.params / ref[task]:.2f}× softmax"
+                     f"{'; ' + c.match_note if c.match_note else ''}); {done} done, "
+                     f"{failed} failed")
+    return lines
 
 
-def cmd_cost(args) -> None:
+def price_grid(grid, runs: Runs) -> None:
     """Per live cell: the training step's compile time and time per step (3 steps after the
     compile, the first learning-rate candidate), its ratio to softmax's on the same task, and
     the estimated time of one run and of the cell; written to `<runs>/step_cost.json`. For
@@ -844,12 +912,10 @@ def cmd_cost(args) -> None:
     where the solves take their trained iteration counts; the last line sums the grid."""
     import jax
 
-    grid = _grid(args)
     total_min = 0.0
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
-    runs = pathlib.Path(args.runs)
-    runs.mkdir(parents=True, exist_ok=True)
-    path = runs / "step_cost.json"
+    runs.root.mkdir(parents=True, exist_ok=True)
+    path = runs.root / "step_cost.json"
     costs = json.loads(path.read_text()) if path.exists() else {}
     for (task, fam), cell in cells.items():
         per_cell = len(grid["lr_factors"]) + len(seeds_of(grid, task)) - 1
@@ -859,7 +925,7 @@ def cmd_cost(args) -> None:
         if key not in costs:
             budget = grid["tasks"][task].get("flops")
             trained: list = []
-            priced = price(grid, _runs(args), cell, trained=trained) if budget else None
+            priced = price(grid, runs, cell, trained=trained) if budget else None
             cfg = with_lr(base_config(grid, task, fam, cell.changes), grid["lr_factors"][0],
                           seeds_of(grid, task)[0])
             dataset = _dataset(cfg, task)
@@ -895,351 +961,3 @@ def cmd_cost(args) -> None:
               f"the cell ~{per_cell * run_min:.0f} min", flush=True)
         total_min += per_cell * run_min
     print(f"the grid: ~{total_min / 60:.1f} hours of one process", flush=True)
-
-
-# ------------------------------------------------------------------------------ the report
-
-def collect(grid, runs: Runs, cells) -> dict:
-    """Per cell: the finished results by seed (at the chosen learning rate), the failures,
-    the chosen factor and the candidates' validation losses."""
-    out = {}
-    for (task, fam), cell in cells.items():
-        entry = {"label": cell.label, "reason": cell.reason, "params": cell.params,
-                 "match": cell.match_note, "results": {}, "failures": []}
-        out[task, fam] = entry
-        if cell.reason:
-            continue
-        for name in runs.names(task, fam):
-            d = runs.root / task / fam / name
-            f = runs.read(d, "failed.json")
-            if f is not None and runs.read(d, "result.json") is None:
-                entry["failures"].append({"run": name, "message": f.get("message"),
-                                          "last_logged_step": f.get("last_logged_step")})
-        factor, losses = chosen_factor(grid, runs, task, fam)
-        entry["lr_factor"], entry["candidate_val_loss"] = factor, losses
-        if factor is None or math.isnan(factor):
-            continue
-        for s in seeds_of(grid, task):
-            r = runs.read(runs.dir(task, fam, factor, s), "result.json")
-            if r is not None:
-                entry["results"][s] = r
-        mem = [r.get("step_memory_bytes") for n in runs.names(task, fam)
-               for r in [runs.read(runs.root / task / fam / n, "result.json")]
-               if r and r.get("step_memory_bytes")]
-        entry["step_memory_bytes"] = mem[0] if mem else None
-    return out
-
-
-def summarise(grid, data: dict) -> dict:
-    """Per cell: metric mean ± CI, the paired gap (and ratio) to softmax, and the costs."""
-    out = {}
-    for (task, fam), e in data.items():
-        metric = grid["tasks"][task]["metric"]
-        s = {"label": e["label"], "reason": e["reason"], "params": e["params"],
-             "match": e["match"], "failures": e["failures"], "n": len(e["results"]),
-             "lr_factor": e.get("lr_factor")}
-        out[task, fam] = s
-        if e["reason"] or not e["results"]:
-            continue
-        res = e["results"]
-        vals = {sd: _metric_of(r, metric) for sd, r in res.items()}
-        s["values"] = vals
-        s["mean"], s["ci"] = mean_ci(list(vals.values()))
-        ref = data.get((task, REFERENCE), {}).get("results", {})
-        common = sorted(set(res) & set(ref))
-        if fam != REFERENCE and common:
-            gaps = [vals[k] - _metric_of(ref[k], metric) for k in common]
-            s["gap"], s["gap_ci"] = mean_ci(gaps)
-            s["gap_n"] = len(common)
-            if metric != "accuracy":
-                ratios = [vals[k] / _metric_of(ref[k], metric) for k in common]
-                s["ratio"], s["ratio_ci"] = mean_ci(ratios)
-            ref_tp = np.nanmean([r["steps_per_s"] for r in ref.values()])
-            s["throughput_ratio"] = float(np.nanmean([r["steps_per_s"] for r in res.values()])
-                                          / ref_tp) if ref_tp else math.nan
-        elif fam == REFERENCE:
-            s["throughput_ratio"] = 1.0
-        s["steps_per_s"] = float(np.nanmean([r["steps_per_s"] for r in res.values()]))
-        s["memory_mib"] = (e["step_memory_bytes"] / 2**20 if e.get("step_memory_bytes")
-                           else None)
-        s["forward_steps"] = _nanmean([r["val"].get("solver_steps") for r in res.values()])
-        s["backward_products"] = _nanmean([r.get("backward_steps") for r in res.values()])
-        s["failed_solves"] = _nanmean([r["val"].get("solver_failures") for r in res.values()])
-        s["fallbacks"] = _nanmean([r.get("backward_fallbacks") for r in res.values()])
-        s["skipped_steps"] = int(sum(r.get("bad_steps", 0) for r in res.values()))
-        s["lr"] = next(iter(res.values()))["lr"]
-        s["wall_s"] = float(np.mean([r["wall_time_s"] or 0 for r in res.values()]))
-    return out
-
-
-def _nanmean(vals):
-    v = [x for x in vals if x is not None]
-    return float(np.mean(v)) if v else None
-
-
-def better_gap(grid, task, s) -> Optional[tuple[float, float]]:
-    """The paired gap to softmax in "positive is better" units: accuracy points, or for
-    perplexity, loss and MSE percent lower than softmax's (from the paired ratio)."""
-    metric = grid["tasks"][task]["metric"]
-    if "gap" not in s:
-        return None
-    if metric == "accuracy":
-        return 100 * s["gap"], 100 * s["gap_ci"]
-    return 100 * (1 - s["ratio"]), 100 * s["ratio_ci"]
-
-
-def _cell_text(grid, task, s, *, short=False) -> str:
-    metric = grid["tasks"][task]["metric"]
-    if s["reason"]:
-        return "—" if short else f"— ({s['reason']})"
-    if s["n"] == 0:
-        fails = len(s["failures"])
-        return f"failed ({fails} runs)" if fails and s.get("lr_factor") is not None \
-            and math.isnan(s["lr_factor"]) else "pending"
-    scale = 100 if metric == "accuracy" else 1
-    d = 1 if metric == "accuracy" else 4 if metric == "mse" else 3
-    text = f"{scale * s['mean']:.{d}f}"
-    if s["n"] > 1:
-        text += f" ± {scale * s['ci']:.{d}f}"
-    g = better_gap(grid, task, s)
-    if g is not None and short:
-        star = "*" if s["gap_n"] > 1 and abs(g[0]) > g[1] else ""
-        text += f" ({g[0]:+.1f}{star})"
-    if s["n"] < len(seeds_of(grid, task)):  # a cell still filling up
-        text += f" [{s['n']} of {len(seeds_of(grid, task))} seeds]"
-    return text
-
-
-def cmd_report(args) -> None:
-    grid = _grid(args)
-    runs = _runs(args)
-    results = pathlib.Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    cells = plan_cells(grid, grid["_tasks"], grid["_families"])
-    missing = sorted({t for (t, f), c in cells.items()
-                      if c.reason and c.reason.startswith(NO_DATA) and runs.names(t, f)})
-    if missing:  # the report would show their finished runs as empty cells
-        why = cells[missing[0], REFERENCE].reason
-        raise SystemExit(f"zoo report: task(s) {missing} have finished runs but their data is "
-                         f"not on this machine, so their cells cannot be built ({why}). Make the "
-                         "data available, or report the other tasks with --tasks and "
-                         "--results elsewhere; nothing was written.")
-    stats = summarise(grid, collect(grid, runs, cells))
-    tasks, fams = grid["_tasks"], grid["_families"]
-    unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
-            "mse": "MSE per pixel"}
-    lines = ["# The attention zoo", "", grid.get("description", ""), "",
-             f"Grid `{_rel(args.config)}`; seeds {grid['seeds']}; learning rate: the task's "
-             f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
-             "loss; parameters matched to softmax's where the family's knob allows (see each "
-             "task's table). Each cell: the metric, mean ± the half-width of its 95 % "
-             "t-interval over seeds, and in brackets the paired gap to softmax in "
-             "better-is-positive units (accuracy points; for perplexity and MSE, percent "
-             "below softmax's), `*` where the interval excludes zero. `—`: the family does not "
-             "run this task (the reason is in the task's table).", "",
-             "| family | " + " | ".join(
-                 f"{grid['tasks'][t].get('label', t)} ({unit[grid['tasks'][t]['metric']]}, "
-                 f"{grid['tasks'][t].get('split', 'val')})" for t in tasks) + " |",
-             "|---|" + "---|" * len(tasks)]
-    for f in fams:
-        lines.append(f"| {grid['families'][f].get('label', f)} | " + " | ".join(
-            _cell_text(grid, t, stats[t, f], short=True) for t in tasks) + " |")
-    for t in tasks:
-        lines += _task_table(grid, t, fams, stats)
-    fails = [(t, f, x) for t in tasks for f in fams for x in stats[t, f]["failures"]]
-    if fails:
-        lines += ["", "## Failed runs", "", "| task | family | run | last step | error |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {t} | {f} | {x['run']} | {x['last_logged_step']} | "
-                  f"{(x['message'] or '').replace('|', '/')} |" for t, f, x in fails]
-    (results / "zoo.md").write_text("\n".join(lines) + "\n")
-    payload = {f"{t}/{f}": stats[t, f] for t in tasks for f in fams}
-    (results / "zoo.json").write_text(json.dumps(payload, indent=2, default=_jsonable))
-    _figures(grid, stats, tasks, fams, results)
-    print(f"zoo: wrote {results / 'zoo.md'}, zoo.json, gaps.png, cost.png")
-
-
-def _jsonable(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
-
-
-def _rel(p) -> str:
-    p = pathlib.Path(p).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-
-
-def _task_table(grid, task, fams, stats) -> list[str]:
-    t = grid["tasks"][task]
-    metric = t["metric"]
-    ref = stats[task, REFERENCE]
-    head = (f"| family | {metric} ({t.get('split', 'val')}) | gap to softmax | "
-            + ("ratio to softmax | " if metric != "accuracy" else "")
-            + "params | matched by | lr | steps/s (× softmax) | step memory MiB | "
-              "fwd steps/layer | bwd products/layer | failed solves | fallbacks | "
-              "skipped steps | seeds |")
-    cfg = base_config(grid, task, REFERENCE)
-    lines = ["", f"## {t.get('label', task)}", "",
-             f"Base `{t['config']}` with {t.get('set') or {}}: "
-             + (f"{t['flops']:.3g} training FLOPs per run (each family's steps priced to "
-                "spend them)" if t.get("flops") else f"{cfg.train.steps} steps")
-             + f" of batch {cfg.data.batch_size}, "
-             + (f"{cfg.model.embed} image tokens" if cfg.data.task in IMAGE_TASKS
-                else f"T = {cfg.data.seq_len}") + f", width {cfg.model.dim}, "
-             f"depth {cfg.model.depth}, {cfg.model.num_heads} heads. Softmax: "
-             f"{ref['params'] or 0:,} parameters.", "", head,
-             "|---" * (head.count("|") - 1) + "|"]
-    scale, d = (100, 2) if metric == "accuracy" else (1, 4)
-    for f in fams:
-        s = stats[task, f]
-        if s["reason"] or s["n"] == 0:
-            text = "— (not run; why: below)" if s["reason"] else _cell_text(grid, task, s)
-            lines.append(f"| {s['label']} | {text} |" + " |" * (head.count("|") - 3))
-            continue
-
-        def num(x, fmt):
-            return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
-                else format(x, fmt)
-        gap = ("—" if f == REFERENCE or "gap" not in s else
-               f"{scale * s['gap']:+.{d}f} ± {scale * s['gap_ci']:.{d}f}"
-               if s["gap_n"] > 1 else f"{scale * s['gap']:+.{d}f} (1 seed)")
-        ratio = ""
-        if metric != "accuracy":
-            ratio = ("—" if "ratio" not in s else
-                     f"{s['ratio']:.3f} (1 seed)" if s["gap_n"] < 2 else
-                     f"{s['ratio']:.3f} [{s['ratio'] - s['ratio_ci']:.3f}, "
-                     f"{s['ratio'] + s['ratio_ci']:.3f}]") + " | "
-        lines.append(
-            f"| {s['label']} | {_cell_text(grid, task, s)} | {gap} | {ratio}"
-            f"{s['params']:,} | {s['match'] or '—'} | {s['lr']:.2g} | "
-            f"{num(s['steps_per_s'], '.2f')} ({num(s.get('throughput_ratio'), '.2f')}×) | "
-            f"{num(s['memory_mib'], '.1f')} | {num(s['forward_steps'], '.1f')} | "
-            f"{num(s['backward_products'], '.1f')} | {num(s['failed_solves'], '.3f')} | "
-            f"{num(s['fallbacks'], '.3f')} | {s['skipped_steps']} | {s['n']} |")
-    reasons = [(stats[task, f]["label"], stats[task, f]["reason"]) for f in fams
-               if stats[task, f]["reason"]]
-    if reasons:
-        lines += [""] + [f"- {lab}: {why}" for lab, why in reasons]
-    return lines
-
-
-def _figures(grid, stats, tasks, fams, results: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use(os.environ.get("MPLBACKEND", "Agg"))
-    import matplotlib.pyplot as plt
-
-    # the heat map of paired gaps (better-is-positive units), grey where a cell is empty
-    G = np.full((len(fams), len(tasks)), np.nan)
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.9 * len(tasks) + 5), 0.5 * len(fams) + 2.0))
-    for i, f in enumerate(fams):
-        for j, t in enumerate(tasks):
-            s = stats[t, f]
-            g = better_gap(grid, t, s)
-            if g is not None:
-                G[i, j] = g[0]
-    lim = max(1.0, float(np.nanmax(np.abs(G)))) if np.isfinite(G).any() else 1.0
-    ax.imshow(np.where(np.isnan(G), 1.0, np.nan), cmap="Greys", vmin=0, vmax=6,
-              aspect="auto")  # light grey: empty, pending or reference
-    im = ax.imshow(G, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    for i, f in enumerate(fams):
-        for j, t in enumerate(tasks):
-            s = stats[t, f]
-            g = better_gap(grid, t, s)
-            if f == REFERENCE and s["n"]:
-                txt = "reference"
-            elif s["reason"]:
-                txt = "n/a"
-            elif g is None:
-                txt = "pending" if not s["n"] else "—"
-            else:
-                sig = s["gap_n"] > 1 and abs(g[0]) > g[1]
-                txt = f"{g[0]:+.1f}" + (f"\n±{g[1]:.1f}" if s["gap_n"] > 1 else "") + \
-                    ("*" if sig else "")
-                if s["gap_n"] < len(seeds_of(grid, t)):
-                    txt += f"\n({s['gap_n']} of {len(seeds_of(grid, t))} seeds)"
-            ax.text(j, i, txt, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(tasks)), [grid["tasks"][t].get("label", t) for t in tasks],
-                  rotation=20, ha="right", fontsize=8)
-    ax.set_yticks(range(len(fams)), [grid["families"][f].get("label", f) for f in fams],
-                  fontsize=8)
-    fig.colorbar(im, ax=ax, label="accuracy points; % lower perplexity or MSE")
-    ax.set_title("Paired gap to softmax, better is positive\n(mean ± 95% t-interval over "
-                 "seeds; * the interval excludes 0)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(results / "gaps.png", dpi=130)
-    plt.close(fig)
-
-    # quality against cost, one panel per task
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
-        metric = grid["tasks"][t]["metric"]
-        scale = 100 if metric == "accuracy" else 1
-        for f in fams:
-            s = stats[t, f]
-            if s["reason"] or not s["n"] or not s.get("throughput_ratio"):
-                continue
-            x = 1 / s["throughput_ratio"]
-            ax.errorbar([x], [scale * s["mean"]],
-                        yerr=[[scale * (s["ci"] if math.isfinite(s["ci"]) else 0)]],
-                        fmt="o", ms=4, capsize=2)
-            ax.annotate(f, (x, scale * s["mean"]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
-        ax.set_xscale("log")
-        ax.set_xlabel("time per step (× softmax)")
-        ax.set_ylabel(f"{metric}{' (%)' if metric == 'accuracy' else ''}, "
-                      f"{grid['tasks'][t].get('split', 'val')}")
-        ax.set_title(grid["tasks"][t].get("label", t), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(results / "cost.png", dpi=130)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------ command line
-
-def _runs(args) -> Runs:
-    return Runs(pathlib.Path(args.runs), pathlib.Path(args.results) / "ledger")
-
-
-def _grid(args) -> dict:
-    grid = load_grid(args.config)
-    grid["_tasks"] = chosen(args.tasks, grid["tasks"], grid["tasks"])
-    grid["_families"] = chosen(args.families, grid["families"], grid["families"])
-    if REFERENCE not in grid["_families"]:
-        grid["_families"].insert(0, REFERENCE)  # every gap is taken to it
-    return grid
-
-
-def main(argv=None) -> None:
-    p = make_parser(__doc__, runs=None, results=None,
-                    commands=("run", "report", "plan", "cost"))
-    p.add_argument("--config", default=None,
-                   help="the grid file (default configs/zoo/full.yaml)")
-    p.add_argument("--quick", action="store_true",
-                   help="the quick grid (configs/zoo/quick.yaml; a smoke test, not a result)")
-    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
-    p.add_argument("--families", default=None,
-                   help="comma-separated families (default: all; softmax is always added)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="worker processes sharing the runs directory (one thread each)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # (--workers' own)
-    p.add_argument("--retry-failed", action="store_true",
-                   help="train the runs recorded as failed again")
-    args = p.parse_args(argv)
-    name = "zoo_quick" if args.quick else "zoo"
-    args.config = args.config or str(ROOT / "configs" / "zoo" /
-                                     ("quick.yaml" if args.quick else "full.yaml"))
-    args.runs = args.runs or str(ROOT / "runs" / name)
-    args.results = args.results or str(ROOT / "experiments" / "results" / name)
-    try:
-        if args.command == "cost":  # not part of `all`
-            return cmd_cost(args)
-        dispatch(args, plan=cmd_plan, run=cmd_run, report=cmd_report)
-    except sf.train.TrainingInterrupted as e:  # the run saved a checkpoint; a rerun resumes
-        print(f"zoo: stopped by {e}", file=sys.stderr)
-        raise SystemExit(128 + e.signum) from None
-
-
-if __name__ == "__main__":
-    run_script(main)

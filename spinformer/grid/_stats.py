@@ -1,4 +1,4 @@
-"""Confidence intervals shared by the experiment scripts (seeds are few, so Student's t)."""
+"""Confidence intervals of a grid's paired gaps (seeds are few, so Student's t)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""Equal compute and growing models: the report of the scaling grid (`configs/zoo/scaling.yaml`,
-trained by `experiments/zoo.py`), read from its ledger alone.
+"""The report of a grid at equal compute (every task with a budget of training FLOPs, such as
+the scaling grid, `zoo/scaling`, whose tasks are model sizes), read from its ledger alone.
 
-    python experiments/zoo.py cost --config configs/zoo/scaling.yaml --runs runs/scaling \\
-        --results experiments/results/scaling      # price each cell's steps (FLOP budgets)
-    python experiments/zoo.py run --config configs/zoo/scaling.yaml --runs runs/scaling \\
-        --results experiments/results/scaling      # train (resumable; --workers 2)
-    python experiments/scaling.py report           # tables + figures from the ledger
+    spinformer grid report zoo/scaling --results experiments/results/scaling
 
-The grid's "tasks" are model sizes, each with a budget of training FLOPs (`flops`) that every
-run of the size spends. `report` reads the grid file and `--results/ledger/` (each run's
-`result.json` or `failed.json`, each cell's `price.json`: what is committed; the run
-directories are not read) and writes into `--results` (default
-`experiments/results/scaling`):
+It reads the grid file and the ledger (each run's `result.json` or `failed.json`, each cell's
+`price.json`: what is committed; the run directories are not read) and writes into the
+results folder:
 
 - `scaling.md` and `scaling.json` (every number):
   - per family, the power law L = a·C^(−α) of the final test loss against the training FLOPs
@@ -41,17 +35,14 @@ import json
 import math
 import os
 import pathlib
-import sys
 from typing import Optional
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import zoo  # noqa: E402
-from _cli import ROOT, dispatch, make_parser, run_script  # noqa: E402
-from _stats import mean_ci, t975  # noqa: E402
+from ._grid import REFERENCE, GridError, Runs, chosen_factor, seeds_of
+from ._report import _rel
+from ._stats import mean_ci, t975
 
-REFERENCE = zoo.REFERENCE
 FRONTIER_POINTS = 200  # the log-spaced FLOP values the frontier is tabulated at in the json
 MARKERS = "os^Dv<>"
 
@@ -72,7 +63,7 @@ def collect(grid, ledger: pathlib.Path) -> dict:
     the cell's chosen learning-rate factor), `failed` (the failed runs: `run`, `seed`,
     `message`, `last_logged_step`), `missing` (the grid's seeds without a result), `price`
     (`price.json` or None) and `skip` (the grid's reason for not running the cell, or None)."""
-    runs = zoo.Runs(ledger, ledger)  # the ledger alone
+    runs = Runs(ledger, ledger)  # the ledger alone
     out = {}
     for size in grid["tasks"]:
         for fam in families_of(grid):
@@ -89,8 +80,8 @@ def collect(grid, ledger: pathlib.Path) -> dict:
                     cell["failed"].append({"run": name, "seed": int(name.rsplit("_s", 1)[1]),
                                            "message": f.get("message"),
                                            "last_logged_step": f.get("last_logged_step")})
-            factor, _ = zoo.chosen_factor(grid, runs, size, fam)
-            for s in zoo.seeds_of(grid, size):
+            factor, _ = chosen_factor(grid, runs, size, fam)
+            for s in seeds_of(grid, size):
                 r = (None if factor is None or math.isnan(factor)
                      else runs.read(runs.dir(size, fam, factor, s), "result.json"))
                 if r is None:
@@ -265,7 +256,7 @@ def summarise(grid, cells: dict) -> dict:
                 for size in sizes}
     missing = [{"size": s, "family": f, "seeds": c["missing"],
                 "failed": sorted(x["seed"] for x in c["failed"]),
-                "of": len(zoo.seeds_of(grid, s))}
+                "of": len(seeds_of(grid, s))}
                for (s, f), c in cells.items() if c["missing"] and not c["skip"]]
     failed = [{"size": s, "family": f, **x} for (s, f), c in cells.items() for x in c["failed"]]
     return {"runs": rows, "fits": fits,
@@ -284,7 +275,7 @@ def _size_stats(grid, cells, curves, size, fam) -> dict:
     cell, ref = cells[size, fam], cells[size, REFERENCE]
     res = cell["results"]
     budget = float(grid["tasks"][size]["flops"])
-    s = {"n": len(res), "of": len(zoo.seeds_of(grid, size)), "skip": cell["skip"],
+    s = {"n": len(res), "of": len(seeds_of(grid, size)), "skip": cell["skip"],
          "failed": len(cell["failed"])}
     if not res:
         return s
@@ -338,12 +329,6 @@ def _label(grid, fam: str) -> str:
     return grid["families"][fam].get("label") or fam
 
 
-def _rel(path) -> str:
-    """`path` relative to the repository where it is inside it, else its name."""
-    p = pathlib.Path(path).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
-
-
 def markdown(grid, config, stats: dict) -> str:
     """Returns `scaling.md`: the fits, the frontier, one table per size, the missing and the
     failed runs."""
@@ -354,7 +339,7 @@ def markdown(grid, config, stats: dict) -> str:
              f"Grid `{_rel(config)}`, read from its ledger (`ledger/` beside this report). "
              "Sizes: " + "; ".join(
                  f"{s} ({t.get('label', s)}): {float(t['flops']):.2g} training FLOPs per run, "
-                 f"seeds {zoo.seeds_of(grid, s)}" for s, t in sizes.items()) + ".", ""]
+                 f"seeds {seeds_of(grid, s)}" for s, t in sizes.items()) + ".", ""]
     if not stats["runs"]:
         lines += ["**No run has finished yet**: every table below is empty.", ""]
     lines += ["## Power laws: test loss against training FLOPs", "",
@@ -537,25 +522,24 @@ def _clean(x):
     return x
 
 
-def cmd_report(args) -> dict:
-    """Writes the report into `args.results`; returns its numbers (`summarise`)."""
-    grid = zoo.load_grid(args.config)
-    results = pathlib.Path(args.results)
-    ledger = results / "ledger"
+def scaling_report(grid, runs: Runs, results) -> dict:
+    """Writes the report of the ledger (`runs.ledger`) into `results`; returns its numbers
+    (`summarise`)."""
+    results, ledger = pathlib.Path(results), runs.ledger
     if missing := [t for t, v in grid["tasks"].items() if v.get("flops") is None]:
-        raise SystemExit(f"scaling: the grid's tasks {missing} have no FLOP budget (`flops`); "
+        raise GridError(f"scaling report: the grid's tasks {missing} have no FLOP budget (`flops`); "
                          "this report compares runs at equal training FLOPs.")
     cells = collect(grid, ledger)
     stats = summarise(grid, cells)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "scaling.md").write_text(markdown(grid, args.config, stats))
-    payload = {"config": _rel(args.config), **stats}
+    (results / "scaling.md").write_text(markdown(grid, grid['_path'], stats))
+    payload = {"config": _rel(grid["_path"]), **stats}
     (results / "scaling.json").write_text(json.dumps(_clean(payload), indent=2) + "\n")
     figures(grid, cells, stats, results)
     n_missing = sum(len(m["seeds"]) for m in stats["missing"])
     if not stats["runs"]:
         print(f"scaling: no finished run in {ledger} yet (train the grid with "
-              "experiments/zoo.py run); the tables are empty.")
+              "`spinformer grid run`); the tables are empty.")
     else:
         print(f"scaling: {len(stats['runs'])} finished runs, {n_missing} missing "
               f"({len(stats['failed'])} failed)")
@@ -571,14 +555,3 @@ def cmd_report(args) -> dict:
     print(f"scaling: wrote {results / 'scaling.md'}, scaling.json, loss_vs_flops.png, "
           "loss_vs_time.png")
     return stats
-
-
-def main(argv=None) -> None:
-    p = make_parser(__doc__, runs=False, results="scaling", commands=("report",))
-    p.add_argument("--config", default=str(ROOT / "configs" / "zoo" / "scaling.yaml"),
-                   help="the grid file (default configs/zoo/scaling.yaml)")
-    dispatch(p.parse_args(argv), report=cmd_report)
-
-
-if __name__ == "__main__":
-    run_script(main)

@@ -1,0 +1,288 @@
+"""The grids (`spinformer.grid`, `spinformer grid`): cells, matching, the ledger, locks, the
+time budget, prices and reports, at toy sizes through the command line (their numbers are
+not results)."""
+
+import json
+import math
+import pathlib
+import re
+import shutil
+import sys
+
+import pytest
+import yaml
+
+import spinformer as sf
+from spinformer import cli
+from spinformer import grid as G
+from spinformer.grid import _grid as zoo
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+GRIDS = ROOT / "configs" / "zoo"
+
+
+def grid_cli(*argv) -> None:
+    """`spinformer grid ...` in this process; a nonzero status fails the test."""
+    assert cli.main(["grid", *map(str, argv)]) == 0
+
+
+def write_grid(path: pathlib.Path, grid: dict) -> pathlib.Path:
+    """`grid` written to `path`, its tasks' config files (and README.md as a text) named by
+    absolute paths, so that it runs from a temporary folder."""
+    for task in grid["tasks"].values():
+        task["config"] = str(ROOT / task["config"])
+        if (task.get("set") or {}).get("data.path") == "README.md":
+            task["set"]["data.path"] = str(ROOT / "README.md")
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return path
+
+
+def test_zoo_plan_every_cell_builds_or_says_why():
+    """Every family × task of the quick grid is either built with its parameter count matched
+    to softmax's (or says why it cannot be), or is empty with the library's reason; the runs
+    come task by task, the learning-rate candidates of the first seed first."""
+    for path in GRIDS.glob("*.yaml"):  # every shipped grid is valid
+        zoo.load_grid(path)
+    full = zoo.load_grid(GRIDS / "full.yaml")
+    assert len(full["seeds"]) >= 3 and zoo.REFERENCE in full["families"]
+    headline = zoo.load_grid(GRIDS / "headline.yaml")
+    for name, task in headline["tasks"].items():  # an equal-FLOP task is its twin plus a budget
+        twin = headline["tasks"].get(name.removesuffix("_flops"))
+        assert twin is not None and {**task, "label": "", "flops": 0} == {
+            **twin, "label": "", "flops": 0} or name == name.removesuffix("_flops")
+    grid = zoo.load_grid(GRIDS / "quick.yaml")
+    cells = zoo.plan_cells(grid, grid["_tasks"], grid["_families"])
+    assert set(cells) == {(t, f) for t in grid["tasks"] for f in grid["families"]}
+    for (task, fam), cell in cells.items():
+        if cell.reason:
+            # the non-causal families cannot be language models; the library says so
+            assert fam in ("free_energy", "energy_transformer") and task in ("brackets", "chars")
+            assert "causal" in cell.reason
+            continue
+        ref = cells[task, "softmax"].params
+        assert abs(cell.params / ref - 1) < 0.02 or "larger than softmax" in cell.match_note
+    # the NeuroGame family is the pooled head on the pair task, with a softmax encoder
+    cfg = zoo.base_config(grid, "nli", "neurogame", cells["nli", "neurogame"].changes)
+    assert (cfg.model.attention.name, cfg.model.pool.name) == ("softmax", "neurogame")
+    order = zoo.jobs(grid, cells)
+    first = [j for j in order if j[0] == "brackets"]
+    n_live = sum(c.reason is None for (t, _), c in cells.items() if t == "brackets")
+    assert [j[2] for j in first[:2 * n_live]] == [1.0, 3.0] * n_live  # candidates, seed 0
+    assert {j[2] for j in first[2 * n_live:]} == {None}  # then the chosen factor, seed 1
+    assert {j[3] for j in first[2 * n_live:]} == {1}
+
+
+def test_zoo_quick_grid(tmp_path, monkeypatch):
+    """The quick grid end to end on one task: the learning rate is chosen on seed 0, a run
+    that raises is recorded and the grid goes on, the report has every cell and both
+    figures, and a second `run` trains nothing."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    real = zoo.run_one
+
+    def run_one(grid, cell, factor, seed, out, **kw):
+        if cell.family == "hopfield" and factor == 3.0:
+            raise FloatingPointError("injected: the loss diverged")
+        return real(grid, cell, factor, seed, out, **kw)
+
+    monkeypatch.setattr(zoo, "run_one", run_one)
+    args = ["zoo/quick", "--tasks", "brackets", "--families", "hopfield,free_energy",
+            "--runs", runs, "--results", results]
+    grid_cli("run", *args)
+    grid_cli("report", *args)
+    done = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/*/*/result.json"))
+    # softmax: 2 candidates + seed 1 at the chosen factor; hopfield's 3.0 candidate failed,
+    # so 1.0 is chosen
+    assert len(done) == 5 and "brackets/hopfield/lr1_s1" in done
+    failed = json.loads((runs / "brackets/hopfield/lr3_s0/failed.json").read_text())
+    assert failed["error"] == "FloatingPointError" and "injected" in failed["message"]
+    r = json.loads((runs / "brackets/softmax/lr1_s0/result.json").read_text())
+    assert r["step_memory_bytes"] > 0 and r["steps_per_s"] > 0 and "accuracy" in r["test"]
+    table = (results / "zoo.md").read_text()
+    assert "| modern Hopfield |" in table and "injected" in table
+    assert "FreeEnergyAttention: causal=True is not supported" in table  # the empty cell
+    stats = json.loads((results / "zoo.json").read_text())
+    assert stats["brackets/hopfield"]["n"] == 2 and "gap" in stats["brackets/hopfield"]
+    assert stats["brackets/hopfield"]["lr_factor"] == 1.0
+    for fig in ("gaps.png", "cost.png"):
+        assert (results / fig).stat().st_size > 0
+    before = {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")}
+    grid_cli("run", *args)
+    assert {p: p.stat().st_mtime for p in runs.glob("*/*/*/result.json")} == before
+    # the ledger beside the report holds every outcome: a fresh checkout (no run
+    # directories) trains nothing and reports the same table
+    ledger = results / "ledger"
+    assert sorted(str(p.parent.relative_to(ledger))
+                  for p in ledger.glob("*/*/*/result.json")) == done
+    kept = json.loads((ledger / "brackets/hopfield/lr3_s0/failed.json").read_text())
+    assert "injected" in kept["message"] and "traceback" not in kept  # no local paths
+    shutil.rmtree(runs)
+    monkeypatch.setattr(zoo, "run_one", None)  # training anything would raise
+    grid_cli("run", *args)
+    assert not list(runs.glob("*/*/*/result.json"))
+    grid_cli("report", *args)
+    assert json.loads((results / "zoo.json").read_text()) == stats
+    # a cell whose factor the ledger fixes (runs recovered from an earlier report) skips the
+    # other candidate and trains its other seeds at that factor
+    (ledger / "brackets/hopfield/lr1_s1").rename(tmp_path / "moved")
+    (ledger / "brackets/hopfield/lr3_s0/failed.json").unlink()  # the other candidate
+    (ledger / "brackets/hopfield/choice.json").write_text('{"factor": 1.0}')
+    trained = []
+
+    # records what the grid trains; the outcome is the run moved away (not trained again)
+    def retrain(grid, cell, factor, seed, out, **kw):
+        trained.append((cell.family, factor, seed))
+        shutil.copytree(tmp_path / "moved", out, dirs_exist_ok=True)
+        return json.loads((out / "result.json").read_text())
+
+    monkeypatch.setattr(zoo, "run_one", retrain)
+    grid_cli("run", *args)
+    assert trained == [("hopfield", 1.0, 1)]
+    # the step-cost probe of every live cell, kept for the next call
+    grid_cli("price", *args)
+    costs = json.loads((runs / "step_cost.json").read_text())
+    assert set(costs) == {"brackets/softmax", "brackets/hopfield"}
+    assert all(c["step_s"] > 0 and c["compile_s"] > 0 for c in costs.values())
+    # without the task's data the cells cannot be built: report refuses rather than writing
+    # the finished runs over as empty cells
+    stamp = (results / "zoo.md").stat().st_mtime
+
+    def no_data(cfg):
+        raise OSError("injected: no data here")
+
+    monkeypatch.setattr(zoo, "_DATASETS", {})
+    monkeypatch.setattr(sf.train, "build_dataset", no_data)
+    grid = G.load_grid(GRIDS / "quick.yaml", tasks=["brackets"], families=["hopfield"])
+    with pytest.raises(G.GridError, match="not on this machine.*injected: no data here"):
+        G.report(grid, G.Runs(runs, results / "ledger"), results)
+    assert (results / "zoo.md").stat().st_mtime == stamp
+
+
+def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
+    """A run over the grid's `max_run_minutes` is stopped after the step in flight,
+    checkpointed and recorded as failed with the budget in its message; `--retry-failed`
+    leaves it alone, and a budget that is not a positive number is refused."""
+    grid = yaml.safe_load((GRIDS / "quick.yaml").read_text())
+    grid["lr_factors"], grid["seeds"] = [1.0], [0]
+    grid["max_run_minutes"] = 1e-4  # 6 ms: over budget at the first step
+    path = write_grid(tmp_path / "grid.yaml", grid)
+    runs = tmp_path / "runs"
+    args = [path, "--tasks", "brackets", "--families", "softmax",
+            "--runs", runs, "--results", tmp_path / "results"]
+    grid_cli("run", *args)
+    out = runs / "brackets" / "softmax" / "lr1_s0"
+    failed = json.loads((out / "failed.json").read_text())
+    assert failed["error"] == "RunOverBudget" and "time budget of 0.0001 min" in failed["message"]
+    assert not (out / "result.json").exists()
+    assert ("checkpointed" in failed["message"]) == bool(list(out.glob("ckpt-*")))
+    stamp = (out / "failed.json").stat().st_mtime
+    grid_cli("run", "--retry-failed", *args)
+    assert (out / "failed.json").stat().st_mtime == stamp
+    grid["max_run_minutes"] = 0
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    with pytest.raises(G.GridError, match="max_run_minutes must be a positive number"):
+        zoo.load_grid(path)
+
+
+def test_zoo_budget_abandons_a_run_whose_step_never_returns(tmp_path):
+    """If the stop request of the time budget is never taken up (a hang in compiled code),
+    the run is recorded as failed and the worker process exits, so the grid goes on."""
+    import subprocess
+
+    out = tmp_path / "t" / "f" / "lr1_s0"
+    out.mkdir(parents=True)
+    script = f"""
+import sys, time, pathlib
+from spinformer.grid import _grid as zoo
+out = pathlib.Path({str(out)!r})
+assert zoo.claim(out)
+budget = zoo._Budget(1e-4, 0.0, out, grace_s=0.5)
+budget.start()
+time.sleep(60)  # a step that never returns: no loop ever reads the request
+"""
+    t0 = __import__("time").time()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert __import__("time").time() - t0 < 50
+    failed = json.loads((out / "failed.json").read_text())
+    assert failed["error"] == "RunOverBudget" and "did not return" in failed["message"]
+    assert not (out.parent / (out.name + ".lock")).exists()
+
+
+def test_zoo_locks(tmp_path):
+    """A run claimed by a live process is left alone; a dead process's lock is taken over."""
+    import os
+    import subprocess
+
+    out = tmp_path / "t" / "f" / "lr1_s0"
+    assert zoo.claim(out) and not zoo.claim(out)  # ours, and alive
+    zoo.release(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    lock = out.parent / (out.name + ".lock")
+    lock.mkdir(parents=True)
+    (lock / "owner").write_text(f"{__import__('socket').gethostname()} {dead}")
+    assert zoo.claim(out)
+    assert (lock / "owner").read_text().endswith(str(os.getpid()))
+
+
+def test_scaling_grid_prices_each_cell_and_spends_its_flop_budget(tmp_path, monkeypatch):
+    """The scaling grid (configs/zoo/scaling.yaml) is valid; a tiny version of it (README.md
+    as the text, tiny models, tiny budgets) prices each cell once (steps = budget / FLOPs
+    per step at the probe's solver counts, kept in the ledger), trains that many steps with
+    the FLOPs counted, uses the size's own seeds, and records the validation curve."""
+    grid = zoo.load_grid(GRIDS / "scaling.yaml")
+    assert {"softmax", "spin", "spin_steps", "hopfield", "boltzmann_mf"} <= set(grid["families"])
+    assert all(t.get("flops") for t in grid["tasks"].values())
+    assert zoo.seeds_of(grid, "small") == [0, 1, 2] and zoo.seeds_of(grid, "large") == [0, 1]
+    tiny = yaml.safe_load((GRIDS / "scaling.yaml").read_text())
+    # seeds other than the grid's [0, 1], so that running the grid's would show
+    tiny["tasks"] = {"tiny": {**tiny["tasks"]["small"], "flops": 4.0e7, "probe_steps": 2,
+                              "seeds": [1, 2], "test_batches": 1}}
+    tiny["tasks"]["tiny"]["set"] = {
+        "data.path": "README.md", "data.val_fraction": 0.1, "data.test_fraction": 0.1,
+        "data.seq_len": 8, "data.batch_size": 4, "data.eval_batches": 1, "model.dim": 8,
+        "model.depth": 1, "model.num_heads": 1, "model.ffn_hidden": 8, "model.dropout": 0.0,
+        "train.warmup_steps": 1, "train.eval_every": 5, "train.log_every": 1,
+        "train.checkpoint_every": 0}
+    for fam in tiny["families"].values():
+        fam.pop("skip", None)  # (the sizes it names are not in the tiny grid)
+    path = write_grid(tmp_path / "grid.yaml", tiny)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    args = [path, "--families", "softmax,spin", "--runs", runs, "--results", results]
+    counted, count = [], sf.train.step_flops
+    monkeypatch.setattr(sf.train, "step_flops", lambda *a: counted.append(a) or count(*a))
+    grid_cli("run", *args)
+    assert len(counted) == 2  # priced once per cell, not once per run
+    for fam in ("softmax", "spin"):
+        price = json.loads((results / "ledger" / "tiny" / fam / "price.json").read_text())
+        assert price["steps"] == math.ceil(4.0e7 / price["flops_per_step"]) >= 2
+        assert (price["solver_steps"] > 0) == (fam == "spin")
+        assert not (results / "ledger" / "tiny" / fam / "lr1_s0").exists()  # the grid's seed
+        for seed in (1, 2):
+            r = json.loads((results / "ledger" / "tiny" / fam / f"lr1_s{seed}" /
+                            "result.json").read_text())
+            assert r["steps"] == price["steps"]
+            # spent what was priced, up to the solver counts' drift from the probe's
+            if fam == "softmax":  # no solver: exactly the priced steps' FLOPs
+                assert 4.0e7 <= r["flops"] < 4.0e7 + price["flops_per_step"]
+            else:
+                assert r["flops"] == pytest.approx(4.0e7, rel=0.5)
+            assert r["curve"][-1][0] == r["steps"] and r["curve"][-1][1] == r["flops"]
+            assert "test" in r
+
+
+def test_report_of_the_committed_scaling_ledger(tmp_path, capsys, monkeypatch):
+    """`spinformer grid report zoo/scaling` refits the committed ledger (copied: the report
+    writes beside it): power laws, the frontier, the tables and both figures."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    shutil.copytree(ROOT / "experiments" / "results" / "scaling" / "ledger",
+                    tmp_path / "ledger")
+    grid_cli("report", "zoo/scaling", "--results", tmp_path, "--runs", tmp_path / "runs")
+    out = capsys.readouterr().out
+    assert re.search(r"^scaling: \d+ finished runs", out, re.M)
+    assert re.search(r"^  softmax +alpha = \d\.\d+ ± \d\.\d+", out, re.M)
+    assert re.search(r"^  frontier at \S+ FLOPs", out, re.M)
+    for name in ("scaling.md", "scaling.json", "loss_vs_flops.png", "loss_vs_time.png"):
+        assert (tmp_path / name).stat().st_size > 0
