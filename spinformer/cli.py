@@ -313,6 +313,8 @@ def _cmd_grid(args) -> int:
                   "flight is checkpointed, and the same command continues the grid.",
                   file=sys.stderr)
             return 128 + e.signum
+    if args.action == "all":
+        G.report(g, runs, results)
     return 0
 
 
@@ -575,9 +577,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gr = sub.add_parser("grid", help="a grid of runs against softmax at equal steps or equal "
                         "compute: plan, price, run, report")
-    gr.add_argument("action", choices=("plan", "price", "run", "report"),
+    gr.add_argument("action", choices=("plan", "price", "run", "report", "all"),
                     help="plan: the cells and what is done; price: each cell's steps and time "
-                    "per step; run: train what is unfinished; report: tables and figures")
+                    "per step; run: train what is unfinished; report: tables and figures from "
+                    "the ledger; all: run, then report")
     gr.add_argument("grid", help="a grid file, or a shipped grid's name (zoo/full, zoo/quick, "
                     "zoo/scaling, zoo/headline, zoo/adjoints; `spinformer list` shows them)")
     _import_option(gr)

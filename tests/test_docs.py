@@ -15,7 +15,7 @@ import spinformer
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = {"solvers": ["spinformer.solvers"], "nn": ["spinformer.nn", "spinformer.nn.options"],
          "train": ["spinformer.train"], "data": ["spinformer.data"],
-         "config": ["spinformer.config"],
+         "config": ["spinformer.config"], "grid": ["spinformer.grid"],
          "spins": [f"spinformer.spins.{m}" for m in spinformer.spins.__all__]}
 # names a module provides through its module-level __getattr__ (computed when asked); the
 # pages say so in prose

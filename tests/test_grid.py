@@ -286,3 +286,110 @@ def test_report_of_the_committed_scaling_ledger(tmp_path, capsys, monkeypatch):
     assert re.search(r"^  frontier at \S+ FLOPs", out, re.M)
     for name in ("scaling.md", "scaling.json", "loss_vs_flops.png", "loss_vs_time.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def _compare_dir(tmp: pathlib.Path, *, families=("softmax", "mine"), seeds=(0,)) -> pathlib.Path:
+    """The own-attention guide's "compare it" at toy size in `tmp/work`: `my_attention.py`
+    (the guide's example above `cfg = ...`) and its `compare.yaml`, with a tiny model and
+    budget and the given families and seeds."""
+    md = (ROOT / "docs" / "guides" / "own_attention.md").read_text()
+    code = md.split("```python\n")[1].split("```")[0].split("\ncfg = ")[0]
+    grid = yaml.safe_load(md.split("```yaml\n")[1].split("```")[0])
+    work = tmp / "work"
+    work.mkdir()
+    (work / "my_attention.py").write_text(code)
+    grid["seeds"] = list(seeds)
+    grid["families"] = {f: grid["families"][f] for f in families}
+    task = grid["tasks"]["brackets"]
+    task["flops"], task["test_batches"] = 2.0e8, 1
+    task["set"].update({"data.seq_len": 6, "data.batch_size": 4, "data.eval_batches": 1,
+                        "model.dim": 8, "model.ffn_hidden": 8, "train.eval_every": 5,
+                        "train.warmup_steps": 1, "train.log_every": 1})
+    (work / "compare.yaml").write_text(yaml.safe_dump(grid, sort_keys=False))
+    return work
+
+
+def test_own_attention_goes_through_a_grid(tmp_path, capsys, monkeypatch):
+    """The guide's family of one's own, imported by the grid file (`imports`), is matched,
+    priced, trained and reported against softmax at equal FLOPs from another folder; the
+    ledger records the module, and `report` imports it from there without being told."""
+    from spinformer import nn
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    work = _compare_dir(tmp_path)
+    monkeypatch.chdir(work)
+    try:
+        grid_cli("all", "compare.yaml")
+        out = capsys.readouterr().out
+        assert re.search(r"^  brackets mine: test loss \d\.\d+, [+-]\d\.\d+ \(1 seed\) against "
+                         r"softmax at equal FLOPs", out, re.M), out
+        ledger = work / "experiments" / "results" / "compare" / "ledger"
+        assert json.loads((ledger / "imports.json").read_text())["modules"] == [
+            str(work / "my_attention.py")]
+        price = json.loads((ledger / "brackets" / "mine" / "price.json").read_text())
+        assert price["solver_steps"] > 0 and price["step_flops"]["exact"] is False
+        # a grid file without `imports` reads the same ledger: the module comes from it
+        sf._schema.unregister_attention("mine")
+        plain = yaml.safe_load((work / "compare.yaml").read_text())
+        del plain["imports"]
+        (work / "plain.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
+        sys.modules.pop("my_attention", None)
+        grid_cli("report", "plain.yaml", "--results", ledger.parent)
+        assert "brackets mine" in capsys.readouterr().out
+    finally:
+        if "mine" in nn.attention_names():
+            sf._schema.unregister_attention("mine")
+        sys.modules.pop("my_attention", None)
+
+
+@pytest.mark.slow  # ~2 min: builds and installs a wheel, then trains four toy runs
+def test_own_attention_compared_from_a_plain_install(tmp_path):
+    """`pip install .` (not editable), used from a folder outside the checkout: the guide's
+    family goes through its grid against softmax and the spin TAP steady state with one
+    command, and the report gives its paired gap at equal FLOPs."""
+    import os
+    import subprocess
+
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT],
+                   check=True, cwd=tmp_path, timeout=600)
+    subprocess.run([*pip, "install", "--no-deps", "--target", site, *wheels.glob("*.whl")],
+                   check=True, cwd=tmp_path, timeout=600)
+    work = _compare_dir(tmp_path, families=("softmax", "spin", "mine"), seeds=(0, 1))
+    env = dict(os.environ, PYTHONPATH=str(site), MPLBACKEND="Agg", SPINFORMER_HUGEPAGES="0")
+    proc = subprocess.run([sys.executable, "-m", "spinformer", "grid", "all", "compare.yaml"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(site) in subprocess.run(
+        [sys.executable, "-c", "import spinformer; print(spinformer.__file__)"], cwd=work,
+        env=env, capture_output=True, text=True).stdout  # the installed copy, not the checkout
+    assert re.search(r"^  brackets mine: test loss \d\.\d+, [+-]\d\.\d+ ± \d\.\d+ against "
+                     r"softmax at equal FLOPs", proc.stdout, re.M), proc.stdout
+    assert "frontier at" in proc.stdout
+    assert (work / "experiments" / "results" / "compare" / "scaling.md").exists()
+
+
+def test_the_submitit_engine_trains_a_grid_through_its_local_executor(tmp_path, capsys,
+                                                                      monkeypatch):
+    """`--engine submitit` hands each run to submitit as a job (here its local executor, as
+    processes); the jobs write the same ledger the local workers write, and a second call
+    submits nothing."""
+    pytest.importorskip("submitit")
+    grid = yaml.safe_load((GRIDS / "quick.yaml").read_text())
+    grid["tasks"] = {"brackets": grid["tasks"]["brackets"]}
+    grid["lr_factors"], grid["seeds"] = [1.0], [0, 1]
+    grid["families"] = {"softmax": grid["families"]["softmax"]}
+    path = write_grid(tmp_path / "grid.yaml", grid)
+    args = [path, "--runs", tmp_path / "runs", "--results", tmp_path / "results",
+            "--engine", "submitit", "--engine-option", "cluster=local"]
+    grid_cli("run", *args)
+    out = capsys.readouterr().out
+    assert "submitted 2 runs (local)" in out
+    ledger = tmp_path / "results" / "ledger" / "brackets" / "softmax"
+    for seed in (0, 1):
+        r = json.loads((ledger / f"lr1_s{seed}" / "result.json").read_text())
+        assert r["seed"] == seed and "accuracy" in r["test"]
+    assert list((tmp_path / "runs" / "submitit").glob("*_log.out"))  # the jobs' own logs
+    grid_cli("run", *args)
+    assert "submitted" not in capsys.readouterr().out

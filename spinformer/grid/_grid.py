@@ -76,16 +76,23 @@ class GridError(sf.config.ConfigError):
     names the file, the key and what would be valid."""
 
 
-def find_file(grid, name: str) -> Optional[pathlib.Path]:
+def find_file(grid, name: str, *, config: bool = False) -> Optional[pathlib.Path]:
     """A file a grid names (a task's `config`, a `data.path`, an import): as given (relative to
     the working directory), else relative to the grid file's folder or one of its parents, so
     that `configs/x.yaml` is found from a checkout's `configs/zoo/` and from the installed
-    package's `spinformer/configs/zoo/` alike. None if there is none."""
+    package's `spinformer/configs/zoo/` alike; with `config`, else a shipped config's name
+    (`brackets_softmax`, as `spinformer list` shows it). None if there is none."""
     p = pathlib.Path(name)
     if p.is_absolute() or p.is_file():
         return p if p.is_file() else None
     here = pathlib.Path(grid["_path"]).resolve().parent
-    return next((d / p for d in (here, *here.parents) if (d / p).is_file()), None)
+    found = next((d / p for d in (here, *here.parents) if (d / p).is_file()), None)
+    if found is None and config and name:
+        from ..cli import configs_dir
+
+        found = next((c for c in (configs_dir() / p, configs_dir() / f"{name}.yaml")
+                      if c.is_file()), None)
+    return found
 
 
 # ------------------------------------------------------------------------------ the grid
@@ -123,9 +130,10 @@ def load_grid(path, *, tasks: Optional[Sequence[str]] = None,
             bad(f"tasks.{name}.metric must be one of {sorted(METRICS)}; got {t.get('metric')!r}.")
         if t.get("split", "val") not in ("val", "test"):
             bad(f"tasks.{name}.split must be val or test; got {t.get('split')!r}.")
-        if find_file(grid, t.get("config") or "") is None:
+        if find_file(grid, t.get("config") or "", config=True) is None:
             bad(f"tasks.{name}.config: no config file {t.get('config')!r} (relative to the "
-                "working directory, or to the grid file's folder or one above it).")
+                "working directory, or to the grid file's folder or one above it), and no "
+                "shipped config of that name (`spinformer list`).")
     for name, f in grid["families"].items():
         if set(f) - FAMILY_KEYS:
             bad(f"families.{name}: unknown key(s) {sorted(set(f) - FAMILY_KEYS)}; known: "
@@ -211,7 +219,7 @@ def family_label(grid, task: str, family: str) -> str:
 def base_config(grid, task: str, family: str, extra: Optional[dict] = None):
     """The config of `family` on `task` before seeds, learning rate and matching."""
     t = grid["tasks"][task]
-    cfg = sf.config.load_config(find_file(grid, t["config"]))
+    cfg = sf.config.load_config(find_file(grid, t["config"], config=True))
     changes = {**_resolve(grid, t.get("set") or {}), **family_changes(grid, task, family),
                "train.progress": False, **(extra or {})}
     return cfg.replace(changes)

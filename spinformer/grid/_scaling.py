@@ -544,10 +544,18 @@ def scaling_report(grid, runs: Runs, results) -> dict:
         print(f"scaling: {len(stats['runs'])} finished runs, {n_missing} missing "
               f"({len(stats['failed'])} failed)")
         for fam, f in stats["fits"].items():
-            if f["n"]:
+            if f["n"] and len(grid["tasks"]) > 1:  # (a power law needs several sizes)
                 print(f"  {fam:14s} alpha = {f['alpha']:.4f} ± {f['alpha_ci']:.4f} "
                       f"({f['n']} runs, {f['sizes']} sizes)" if f["enough"]
                       else f"  {fam:14s} not enough runs ({f['n']} runs, {f['sizes']} sizes)")
+        for size, per in stats["sizes"].items():
+            for fam, g in per.items():
+                if (gap := g.get("gap_flops")) and gap["n"]:
+                    pm = f" ± {gap['ci']:.4f}" if gap["n"] > 1 else " (1 seed)"
+                    print(f"  {size} {fam}: test loss {g['test_loss']['mean']:.4f}, "
+                          f"{gap['mean']:+.4f}{pm} against softmax at equal FLOPs "
+                          f"({g['flops_ratio']['mean']:.2f}× its FLOPs, paired over "
+                          f"{gap['n']} seeds)")
         for p in stats["frontier_at"]:
             if p["loss"] is not None:
                 print(f"  frontier at {p['flops']:.3g} FLOPs ({p['budget_of']} budget): "

@@ -110,14 +110,15 @@ def _counts(cfg: "_config.Config", dataset, step: bool = True) -> tuple[float, f
 def unrolled_config(cfg: "_config.Config", k: int, adjoint: bool = True,
                     picard: bool = False):
     """`cfg` with its attention's solver unrolled to `k` iterations (`picard`: plain Picard
-    iterations with the solver's damping) and, with `adjoint`, the unrolled adjoint; None
-    when the attention has no solver that unrolls."""
+    iterations with the solver's damping) and, with `adjoint`, the unrolled adjoint (where
+    the attention's settings have one); None when the attention has no solver that
+    unrolls."""
     if not isinstance(getattr(cfg.model.attention, "solver", None), _UNROLLABLE):
         return None
     changes = {"model.attention.solver.unroll": True, "model.attention.solver.max_steps": k}
     if picard:
         changes["model.attention.solver.name"] = "picard"
-    if adjoint:
+    if adjoint and hasattr(cfg.model.attention, "adjoint"):
         changes["model.attention.adjoint"] = "unrolled"
     return cfg.replace(changes)
 
@@ -138,7 +139,9 @@ def step_flops(cfg: "_config.Config", dataset=None) -> StepFlops:
 
     An attention without a solver (softmax, exact Boltzmann, spin time steps) is counted as
     it is; one whose loop does not unroll (the free-energy saddle) is counted once, `exact`
-    False. `dataset`: `build_dataset(cfg)` by default.
+    False. An attention of one's own whose settings have a solver but no `adjoint` has its
+    backward product estimated as two forward iterations (`exact` False). `dataset`:
+    `build_dataset(cfg)` by default.
     """
     if cfg.data.stream:
         raise _config.ConfigError("counting training FLOPs (train.count_flops) does not "
@@ -148,6 +151,15 @@ def step_flops(cfg: "_config.Config", dataset=None) -> StepFlops:
     if unrolled_config(cfg, 1) is None:
         has_loop = isinstance(getattr(section, "solver", None), _solvers.AbstractSolver)
         return StepFlops(_counts(cfg, dataset)[0], exact=not has_loop)
+    if not hasattr(section, "adjoint"):
+        # an attention of one's own that takes no adjoint option: its solves differentiate
+        # with the module's own choice, whose loop a config cannot unroll. The forward
+        # iteration is counted; a backward product is taken as two forward iterations (a
+        # VJP of the map), and the count is marked inexact
+        (f2, g2), g3 = (_counts(unrolled_config(cfg, 2, adjoint=False), dataset),
+                        _counts(unrolled_config(cfg, 3, adjoint=False), dataset, step=False)[1])
+        d_f = g3 - g2
+        return StepFlops(f2 - 2 * d_f - 2 * d_f, d_f, 2 * d_f, exact=False)
     # increments from 2 to 3 iterations: the first iteration of an unrolled loop costs a
     # little less (no cotangents to add up yet, Anderson without history)
     f2p, g2p = _counts(unrolled_config(cfg, 2, picard=True), dataset)
