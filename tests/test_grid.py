@@ -309,14 +309,36 @@ def _compare_dir(tmp: pathlib.Path, *, families=("softmax", "mine"), seeds=(0,))
     return work
 
 
+IDLE = """
+from spinformer import nn, solvers
+
+
+@nn.register_attention("idle", help="softmax, then a solve whose map returns its start")
+class Idle(nn.SoftmaxAttention):
+    def __call__(self, x, *, return_diagnostics=False, **kw):
+        y = super().__call__(x, **kw)
+        sol = solvers.fixed_point(lambda m, c: c, y, y, solver=solvers.Anderson(tol=1e-5))
+        if return_diagnostics:
+            return sol.value, nn.Diagnostics(solver=nn.Stats.of(sol))
+        return sol.value
+"""
+
+
 def test_own_attention_goes_through_a_grid(tmp_path, capsys, monkeypatch):
     """The guide's family of one's own, imported by the grid file (`imports`), is matched,
     priced, trained and reported against softmax at equal FLOPs from another folder; the
-    ledger records the module, and `report` imports it from there without being told."""
+    ledger records the module, and `report` imports it from there without being told. A
+    family whose solve returns its start is flagged by the report's solver-effect column;
+    the guide's is not."""
     from spinformer import nn
 
     monkeypatch.setenv("MPLBACKEND", "Agg")
     work = _compare_dir(tmp_path)
+    (work / "idle.py").write_text(IDLE)
+    grid = yaml.safe_load((work / "compare.yaml").read_text())
+    grid["imports"].append("idle.py")
+    grid["families"]["idle"] = {"set": {"model.attention": "idle"}}
+    (work / "compare.yaml").write_text(yaml.safe_dump(grid, sort_keys=False))
     monkeypatch.chdir(work)
     try:
         grid_cli("all", "compare.yaml")
@@ -325,7 +347,14 @@ def test_own_attention_goes_through_a_grid(tmp_path, capsys, monkeypatch):
                          r"softmax at equal FLOPs", out, re.M), out
         ledger = work / "experiments" / "results" / "compare" / "ledger"
         assert json.loads((ledger / "imports.json").read_text())["modules"] == [
-            str(work / "my_attention.py")]
+            str(work / "my_attention.py"), str(work / "idle.py")]
+        md = (ledger.parent / "scaling.md").read_text()
+        effect = md.split("## Is the solver doing anything?")[1]
+        assert re.search(r"^\| brackets \| idle \| [\d.]+ / [\d.]+ / [\d.]+ \*\*no effect\*\* \| 1 \|",
+                         effect, re.M), effect
+        assert re.search(r"^\| brackets \| mine \| [\d.]+ / [\d.]+ / [\d.]+ \| 1 \|", effect,
+                         re.M), effect
+        assert "softmax" not in effect  # no solves, no row
         price = json.loads((ledger / "brackets" / "mine" / "price.json").read_text())
         assert price["solver_steps"] > 0 and price["step_flops"]["exact"] is False
         # a grid file without `imports` reads the same ledger: the module comes from it
@@ -337,9 +366,10 @@ def test_own_attention_goes_through_a_grid(tmp_path, capsys, monkeypatch):
         grid_cli("report", "plain.yaml", "--results", ledger.parent)
         assert "brackets mine" in capsys.readouterr().out
     finally:
-        if "mine" in nn.attention_names():
-            sf._schema.unregister_attention("mine")
-        sys.modules.pop("my_attention", None)
+        for name, module in (("mine", "my_attention"), ("idle", "idle")):
+            if name in nn.attention_names():
+                sf._schema.unregister_attention(name)
+            sys.modules.pop(module, None)
 
 
 @pytest.mark.slow  # ~2 min: builds and installs a wheel, then trains four toy runs

@@ -517,7 +517,7 @@ def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
             measure_memory: bool, runs: Optional[Runs] = None) -> dict:
     """Train one run (resuming a killed one), score it on the task's split and write
     `result.json` (with the validation curve: step, training FLOPs where counted, seconds,
-    loss). A task with a FLOP budget (`flops`) trains the cell's priced number of steps
+    loss; for a model with solves, `solver_effect` on the same split). A task with a FLOP budget (`flops`) trains the cell's priced number of steps
     (`price`) and counts its FLOPs."""
     task = grid["tasks"][cell.task]
     cfg = with_lr(base_config(grid, cell.task, cell.family, cell.changes), factor, seed)
@@ -537,12 +537,16 @@ def run_one(grid, cell: Cell, factor: float, seed: int, out: pathlib.Path, *,
               "curve": _val_curve(out)}
     result["backward_steps"] = _mean_of(records, "backward_steps")
     result["backward_fallbacks"] = _mean_of(records, "backward_fallbacks")
-    if result["split"] == "test" or measure_memory:
+    solves = "solver_steps" in summary["metrics"]
+    if result["split"] == "test" or measure_memory or solves:
         _, dataset, model = sf.train.load_run(out)
+        n = (int(task.get("test_batches", cfg.data.eval_batches)) if result["split"] == "test"
+             else cfg.data.eval_batches)
+        batches = [dataset.batch(i, result["split"]) for i in range(n)]
         if result["split"] == "test":
-            n = int(task.get("test_batches", cfg.data.eval_batches))
-            result["test"] = sf.train.evaluate(model, [dataset.batch(i, "test")
-                                                       for i in range(n)])
+            result["test"] = sf.train.evaluate(model, batches)
+        if solves:  # is the solver doing anything? (its loss cut to the start, one step)
+            result["solver_effect"] = sf.train.solver_effect(model, batches)
         if measure_memory:
             result["step_memory_bytes"] = step_memory(cfg, dataset, model)
     (out / "result.json").write_text(json.dumps(result, indent=2))

@@ -99,9 +99,32 @@ def summarise(grid, data: dict) -> dict:
         s["failed_solves"] = _nanmean([r["val"].get("solver_failures") for r in res.values()])
         s["fallbacks"] = _nanmean([r.get("backward_fallbacks") for r in res.values()])
         s["skipped_steps"] = int(sum(r.get("bad_steps", 0) for r in res.values()))
+        s["solver_effect"] = effect_summary(res.values())
         s["lr"] = next(iter(res.values()))["lr"]
         s["wall_s"] = float(np.mean([r["wall_time_s"] or 0 for r in res.values()]))
     return out
+
+
+def effect_summary(results) -> Optional[dict]:
+    """The mean `solver_effect` of runs (`result.json`s): the losses with the solves cut to
+    their start, to one iteration, and converged, `no_effect` where every run's solves did
+    nothing, and `n` the runs that measured it; None where none did (no solves, or runs
+    recorded before it was measured)."""
+    effects = [r["solver_effect"] for r in results if r.get("solver_effect")]
+    if not effects:
+        return None
+    out = {k: float(np.mean([e[k] for e in effects]))
+           for k in ("start", "one_step", "converged")}
+    return {**out, "no_effect": all(e["no_effect"] for e in effects), "n": len(effects)}
+
+
+def effect_text(effect: Optional[dict]) -> str:
+    """`start / one step / converged` losses, with "**no effect**" where the solves do
+    nothing; "—" without a measurement."""
+    if not effect:
+        return "—"
+    text = f"{effect['start']:.3f} / {effect['one_step']:.3f} / {effect['converged']:.3f}"
+    return text + (" **no effect**" if effect["no_effect"] else "")
 
 
 def _nanmean(vals):
@@ -213,7 +236,7 @@ def _task_table(grid, task, fams, stats) -> list[str]:
             + ("ratio to softmax | " if metric != "accuracy" else "")
             + "params | matched by | lr | steps/s (× softmax) | step memory MiB | "
               "fwd steps/layer | bwd products/layer | failed solves | fallbacks | "
-              "skipped steps | seeds |")
+              "skipped steps | loss, solves cut to start / 1 iteration / converged | seeds |")
     cfg = base_config(grid, task, REFERENCE)
     lines = ["", f"## {t.get('label', task)}", "",
              f"Base `{t['config']}` with {t.get('set') or {}}: "
@@ -251,7 +274,8 @@ def _task_table(grid, task, fams, stats) -> list[str]:
             f"{num(s['steps_per_s'], '.2f')} ({num(s.get('throughput_ratio'), '.2f')}×) | "
             f"{num(s['memory_mib'], '.1f')} | {num(s['forward_steps'], '.1f')} | "
             f"{num(s['backward_products'], '.1f')} | {num(s['failed_solves'], '.3f')} | "
-            f"{num(s['fallbacks'], '.3f')} | {s['skipped_steps']} | {s['n']} |")
+            f"{num(s['fallbacks'], '.3f')} | {s['skipped_steps']} | "
+            f"{effect_text(s['solver_effect'])} | {s['n']} |")
     reasons = [(stats[task, f]["label"], stats[task, f]["reason"]) for f in fams
                if stats[task, f]["reason"]]
     if reasons:

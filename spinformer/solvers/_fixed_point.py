@@ -305,6 +305,28 @@ def plain_loops():
         _PLAIN_LOOPS.reset(token)
 
 
+# Set by `cut_solves(k)`: every solve traced meanwhile stops after k steps.
+_CUT_SOLVES = contextvars.ContextVar("cut_solves", default=None)
+
+
+@contextlib.contextmanager
+def cut_solves(steps: int):
+    """While active, every fixed-point and root solve traced stops after `steps` iterations
+    of its own solver (0: the starting point itself; the best iterate so far, as always) and
+    reports success, never raising, so that a layer uses the value as it would a converged
+    one (a layer that zeroes a failed solve's output would otherwise hide it): for asking
+    whether a trained model's solves matter (`spinformer.train.solver_effect`), not for
+    training. Like `plain_loops` it acts when a solve is traced, so it must surround the
+    first trace of a function (a fresh `jax.jit`); one traced before keeps its solves."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"cut_solves(steps={steps!r}): steps must be an int >= 0.")
+    token = _CUT_SOLVES.set(steps)
+    try:
+        yield
+    finally:
+        _CUT_SOLVES.reset(token)
+
+
 def _strategy(solver: AbstractSolver, differentiable: bool, plain: bool):
     """The loop that runs a solve: straight-line code (`unroll`), a loop reverse mode can
     differentiate (`differentiable`), a compacting loop for a step cap of at least
@@ -540,8 +562,15 @@ def _solve_with_aux(name, problem_cls, fn, x0, args, solver, adjoint, throw, ver
     _check_inputs(name, fn, x0, args, solver, adjoint, problem_cls is _RootProblem, has_aux)
     args = _as_array_scalars(args)
     step = _NewX(fn) if has_aux else fn
+    cut = _CUT_SOLVES.get()
+    if cut is not None:  # `cut_solves`: at most `cut` steps, reported as a success
+        step_budget = cut if step_budget is None else jnp.minimum(cut, step_budget)
+        throw = False
     sol = _solve(name, problem_cls, step, x0, args, solver, adjoint, throw, verbose,
                  _check_budget(name, step_budget), bool(trace), _PLAIN_LOOPS.get())
+    if cut is not None:
+        sol = eqx.tree_at(lambda s: s.result, sol, jnp.full_like(sol.result,
+                                                                 RESULTS.successful))
     if not has_aux:
         return sol
     with matmul_precision(solver.precision):

@@ -19,7 +19,7 @@ from ._loop import StopSignals, TrainingInterrupted, fit, read_metrics
 from ._mesh import initialize_distributed, is_writer, make_mesh
 from ._report import report
 from ._rundir import RunDirError
-from ._objective import Objective, evaluate, init_stream_state, loss_fn
+from ._objective import Objective, evaluate, init_stream_state, loss_fn, solver_effect
 from ._optim import make_optimizer, make_schedule, num_params
 from ._state import RunState
 from ._step import jit_step, make_step
@@ -41,6 +41,7 @@ __all__ = [
     "build_objective",
     "build_optimizer",
     "evaluate",
+    "solver_effect",
     "fit",
     "diagnostics_table",
     "init_stream_state",

@@ -16,8 +16,10 @@ import numpy as np
 
 from .. import config as _config
 from .. import nn as _nn
+from ._build import build_objective
 from ._experiment import load_run
 from ._figures import _plt
+from ._objective import solver_effect
 
 
 def _analyse_batch(model, tokens, keys, *, num_starts):
@@ -94,7 +96,23 @@ def diagnostics_table(summary: dict) -> str:
             f"| {stat(r.get('fixed_points'))} | {num(r.get('converged'))} "
             f"| {num(r.get('solver_steps'))} | {fails} "
             f"| {stat(r.get('entropy_production'))} |")
+    if summary.get("solver_effect"):
+        lines += ["", solver_effect_line(summary["solver_effect"])]
     return "\n".join(lines)
+
+
+def solver_effect_line(effect: dict) -> str:
+    """One line of a `solver_effect` result: the loss (and accuracy) with the solves cut to
+    their start, to one iteration, and converged, and the verdict."""
+    def at(k):
+        acc = effect.get(f"{k}_accuracy")
+        return f"{effect[k]:.4f}" + (f" ({100 * acc:.1f} %)" if acc is not None else "")
+
+    verdict = ("the solves do nothing: cut to their starting points the model scores the "
+               "same (a model without them would do)" if effect["no_effect"] else
+               "the solves matter")
+    return (f"Solver effect: loss {at('start')} with every solve cut to its start, "
+            f"{at('one_step')} after one iteration, {at('converged')} converged: {verdict}.")
 
 
 def _plot(layers, path: pathlib.Path, title: str) -> None:
@@ -162,7 +180,9 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     ends (the first batch compiles the analysis, which takes tens of seconds).
 
     **Returns:** the summary dict: `run_dir`, `examples`, `starts`, `seed`, `attention`,
-    `spectral_radius_method` and `layers` (one dict per layer; absent keys do not apply).
+    `spectral_radius_method`, `layers` (one dict per layer; absent keys do not apply) and
+    `solver_effect` (`train.solver_effect` on the same batches: the loss with every solve
+    cut to its start, to one iteration, and converged; None for a model without solves).
     Raises `FileNotFoundError` for a missing directory, one without a run or without a
     checkpoint, and `ConfigError` for a model other than a sequence model.
     """
@@ -206,6 +226,10 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
         examples += int(tokens.shape[0])
         keys = jax.random.split(jax.random.fold_in(key, b), tokens.shape[0])
         analyses.append(_analyse_batch_jit(model, tokens, keys, num_starts=starts))
+    say("the loss with every solve cut to its start, to one iteration, and converged (is "
+        "the solver doing anything?)")
+    effect = solver_effect(model, [dataset.batch(b, "val") for b in range(batches)],
+                           objective=build_objective(cfg), stream=cfg.data.stream)
     say("summarising and drawing")
     depth = model.transformer.depth
     layers = _per_layer(analyses, depth)
@@ -218,6 +242,7 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
         "seed": seed,
         "spectral_radius_method": None if fp is None else fp.method,
         "layers": [s for _, s in layers],
+        "solver_effect": effect,
     }
     out = pathlib.Path(out_dir) if out_dir is not None else run_dir
     out.mkdir(parents=True, exist_ok=True)

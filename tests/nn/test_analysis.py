@@ -153,7 +153,13 @@ def test_diagnose_command(tmp_path, capsys):
         assert r["spectral_radius"]["max"] >= r["spectral_radius"]["mean"] > 0
         assert r["fixed_points"]["mean"] >= 1 and 0 <= r["converged"] <= 1
         assert r["solves"] == 3 * 2 and r["entropy_production"]["mean"] >= 0
-    assert "spectral radius" in table and len(table.strip().splitlines()) == 4  # 2 layers
+    # 2 layers, then the solver effect: the loss with the solves cut to their start, to one
+    # iteration, and converged (these solves start from zero magnetizations: they matter)
+    assert "spectral radius" in table and len(table.strip().splitlines()) == 6
+    effect = summary["solver_effect"]
+    assert effect["start"] != effect["converged"] and not effect["no_effect"]
+    assert table.strip().splitlines()[-1].startswith("Solver effect: loss ")
+    assert "is the solver doing anything?" in captured.err
     for unit in ("contracting (fraction ρ < 1)", "converged starts (fraction)",
                  "solver steps (mean per solve)", "failed solves"):
         assert unit in table
