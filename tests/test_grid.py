@@ -301,7 +301,7 @@ def _compare_dir(tmp: pathlib.Path, *, families=("softmax", "mine"), seeds=(0,))
     grid["seeds"] = list(seeds)
     grid["families"] = {f: grid["families"][f] for f in families}
     task = grid["tasks"]["brackets"]
-    task["flops"], task["test_batches"] = 2.0e8, 1
+    task["flops"], task["test_batches"], task["probe_steps"] = 2.0e8, 1, 2
     task["set"].update({"data.seq_len": 6, "data.batch_size": 4, "data.eval_batches": 1,
                         "model.dim": 8, "model.ffn_hidden": 8, "train.eval_every": 5,
                         "train.warmup_steps": 1, "train.log_every": 1})
@@ -382,7 +382,7 @@ def test_own_attention_compared_from_a_plain_install(tmp_path):
 
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT],
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", wheels, ROOT],
                    check=True, cwd=tmp_path, timeout=600)
     subprocess.run([*pip, "install", "--no-deps", "--target", site, *wheels.glob("*.whl")],
                    check=True, cwd=tmp_path, timeout=600)

@@ -238,8 +238,12 @@ def summarise(grid, cells: dict) -> dict:
     fits = {}
     for fam in fams:
         mine = [r for r in rows if r["family"] == fam]
-        fit = fit_power_law([r["flops"] for r in mine], [r["test_loss"] for r in mine])
-        fit["sizes"] = len({r["size"] for r in mine})
+        n_sizes = len({r["size"] for r in mine})
+        # one size: the runs' FLOPs differ by rounding only, and a line through them means
+        # nothing (its slope can overflow)
+        fit = fit_power_law([r["flops"] for r in mine] if n_sizes > 1 else [],
+                            [r["test_loss"] for r in mine] if n_sizes > 1 else [])
+        fit["n"], fit["sizes"] = len(mine), n_sizes
         fit["enough"] = fit["n"] >= 3 and fit["sizes"] >= 2 and math.isfinite(fit["alpha_ci"])
         fit["alpha_between"] = alpha_between(sizes, mine)
         fits[fam] = fit
