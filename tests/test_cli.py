@@ -356,7 +356,8 @@ def test_run_with_import_is_read_again_without_it(tmp_path, capsys, monkeypatch)
     err = capsys.readouterr().err
     stages = [x for x in err.splitlines() if x.startswith("diagnose:") and "done in" not in x]
     done = [x for x in err.splitlines() if x.startswith("diagnose:") and "done in" in x]
-    assert len(stages) == len(done) == 3  # loading, one batch, summarising and drawing
+    # loading, one batch, the solver effect (none here: no solves), summarising and drawing
+    assert len(stages) == len(done) == 4
     assert done[-1].startswith("diagnose: summarising and drawing: done in ")
 
 

@@ -11,9 +11,9 @@ from spinformer import nn, solvers
 from spinformer.solvers._fixed_point import cut_solves
 
 
-@nn.register_attention("test_start_solve", help="softmax, then a solve whose map returns "
-                       "its start (a test's do-nothing solve)")
 class StartSolve(nn.SoftmaxAttention):
+    """Softmax, then a solve whose map returns its start (a do-nothing solve)."""
+
     def __call__(self, x, *, return_diagnostics=False, **kw):
         y = super().__call__(x, **kw)
         sol = solvers.fixed_point(lambda m, c: c, y, y, solver=solvers.Anderson(tol=1e-5))
@@ -22,9 +22,10 @@ class StartSolve(nn.SoftmaxAttention):
         return sol.value
 
 
-@nn.register_attention("test_relaxed", help="tokens relaxed to m = tanh(x + A m / 2) (a "
-                       "test's solve that matters)")
 class Relaxed(nn.SoftmaxAttention):
+    """Tokens relaxed to m = tanh(x + A m / 2), A causal softmax couplings (a solve that
+    matters)."""
+
     def __call__(self, x, *, return_diagnostics=False, **kw):
         n = x.shape[0]
         scores = jnp.where(jnp.tril(jnp.ones((n, n), bool)), x @ x.T, -jnp.inf)
@@ -34,6 +35,18 @@ class Relaxed(nn.SoftmaxAttention):
         if return_diagnostics:
             return sol.value, nn.Diagnostics(solver=nn.Stats.of(sol))
         return sol.value
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    """The two test attentions, registered for this module only (the name table is global:
+    another test's listing of attentions must not see them)."""
+    names = {"test_start_solve": StartSolve, "test_relaxed": Relaxed}
+    for name, cls in names.items():
+        nn.register_attention(name, help=cls.__doc__.splitlines()[0])(cls)
+    yield
+    for name in names:
+        sf._schema.unregister_attention(name)
 
 
 def _model(attention):
