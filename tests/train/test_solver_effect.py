@@ -1,6 +1,8 @@
 """`train.solver_effect`: a model's loss with its solves cut to their starting point, to one
 iteration, and converged; a solve that returns its start is flagged."""
 
+import pathlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,8 @@ import pytest
 import spinformer as sf
 from spinformer import nn, solvers
 from spinformer.solvers._fixed_point import cut_solves
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class StartSolve(nn.SoftmaxAttention):
@@ -50,7 +54,7 @@ def registered():
 
 
 def _model(attention):
-    cfg = sf.config.load_config("configs/brackets_softmax.yaml").replace(
+    cfg = sf.config.load_config(ROOT / "configs" / "brackets_softmax.yaml").replace(
         {"model.attention": attention, "model.dim": 8, "model.ffn_hidden": 8,
          "data.seq_len": 6, "data.batch_size": 8})
     dataset = sf.train.build_dataset(cfg)
