@@ -571,7 +571,7 @@ def scaling_report(grid, runs: Runs, results) -> dict:
                     print(f"  {size} {fam}: test loss {g['test_loss']['mean']:.4f}, "
                           f"{gap['mean']:+.4f}{pm} against softmax at equal FLOPs "
                           f"({g['flops_ratio']['mean']:.2f}× its FLOPs, paired over "
-                          f"{gap['n']} seeds)")
+                          f"{gap['n']} seed{'s' * (gap['n'] > 1)})")
         for p in stats["frontier_at"]:
             if p["loss"] is not None:
                 print(f"  frontier at {p['flops']:.3g} FLOPs ({p['budget_of']} budget): "
