@@ -403,7 +403,8 @@ def test_own_attention_compared_from_a_plain_install(tmp_path):
 def test_the_submitit_engine_trains_a_grid_through_its_local_executor(tmp_path):
     """`--engine submitit` hands each run to submitit as a job (here its local executor, as
     processes); the jobs write the same ledger the local workers write, and a second call
-    submits nothing. (In a process of its own, and without importing submitit here: its
+    submits nothing. (In a process of its own, as the command line runs it, and without
+    importing submitit here: unless `SUBMITIT_LOG_LEVEL=NOCONFIG`, which the engine sets, its
     import configures logging with `dictConfig`, which closes every handler already set up,
     pytest's log capture among them.)"""
     import importlib.util

@@ -11,6 +11,7 @@ a scheduler process and workers to keep alive for the length of the grid.
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Optional, Sequence
 
@@ -42,6 +43,10 @@ def run_submitit(grid, runs: Runs, *, retry_failed: bool = False, imports: Seque
     "debug"; default: SLURM where it is installed, else local processes, all at once).
     The default time limit is the grid's longest `max_run_minutes` plus 30 minutes (24 hours
     without one). Job logs go to `<runs>/submitit/`. Returns the lines of the runs trained."""
+    # submitit configures logging when imported (`dictConfig`, which closes every handler
+    # already set up, the caller's among them) unless told not to; the grid prints its own
+    # lines
+    os.environ.setdefault("SUBMITIT_LOG_LEVEL", "NOCONFIG")
     try:
         import submitit
     except ImportError:
