@@ -27,12 +27,13 @@ def grid_cli(*argv) -> None:
 
 
 def write_grid(path: pathlib.Path, grid: dict) -> pathlib.Path:
-    """`grid` written to `path`, its tasks' config files (and README.md as a text) named by
+    """`grid` written to `path`, its tasks' config files (and texts in the checkout) named by
     absolute paths, so that it runs from a temporary folder."""
     for task in grid["tasks"].values():
         task["config"] = str(ROOT / task["config"])
-        if (task.get("set") or {}).get("data.path") == "README.md":
-            task["set"]["data.path"] = str(ROOT / "README.md")
+        text = (task.get("set") or {}).get("data.path")
+        if text and (ROOT / text).is_file():
+            task["set"]["data.path"] = str(ROOT / text)
     path.write_text(yaml.safe_dump(grid, sort_keys=False))
     return path
 
