@@ -5,11 +5,14 @@ softmax's in the same process, and softmax's beside a minimal pure-JAX step of i
     python experiments/bench/compile.py --configs quickstart,brackets_spin --tasks none
     python experiments/bench/compile.py --tasks nli --families spin,boltzmann_mf
     python experiments/bench/compile.py --quick             # quickstart and softmax only
+    python experiments/bench/compile.py --configs brackets_spin --tasks none --fallbacks
 
 For every shipped config named by `--configs` (its own sizes; softmax is the same config with
 `model.attention=softmax`) and every cell of the zoo's grid (`configs/zoo/full.yaml`: the task
 sizes, parameters matched to softmax's, as `cost.py` builds them), the jitted training step
-(`spinformer.train.jit_step`'s program: gradient, clipping, AdamW, the skipped-step check)
+(`spinformer.train.jit_step`'s program: gradient, clipping, AdamW, the skipped-step check;
+without the backward solves' fallbacks, as the training loop compiles it first, unless
+`--fallbacks`)
 and the evaluation step (`train.evaluate`'s per-batch program) are taken apart as JAX runs
 them on their first call:
 
@@ -70,9 +73,10 @@ def _clock(fn, *args) -> dict:
             "hlo": text.count("\n"), "loops": text.count(" while(")}
 
 
-def programs(cfg, dataset) -> dict:
-    """`{"train": (fn, args), "eval": (fn, args)}`: the training step and the evaluation
-    step of a config as functions of arrays alone (the model's static parts closed over)."""
+def programs(cfg, dataset, fallbacks: bool = False) -> dict:
+    """`{"train": (fn, args), "eval": (fn, args)}`: the training step (with the backward
+    solves' fallbacks compiled in if `fallbacks`) and the evaluation step of a config as
+    functions of arrays alone (the model's static parts closed over)."""
     from spinformer.solvers._fixed_point import plain_loops
     from spinformer.train._objective import _eval_sums
     from spinformer.train._step import _step
@@ -90,7 +94,7 @@ def programs(cfg, dataset) -> dict:
     def train(dyn, batch, key):
         out = _step(eqx.combine(dyn, static), batch, key, optimizer=opt,
                     accumulate=cfg.train.accumulate, precision=cfg.train.precision,
-                    objective=objective)
+                    objective=objective, backward_fallback=fallbacks)
         return eqx.filter(out, eqx.is_array)
 
     def evaluate(mdyn, batch):  # traced as `train.evaluate` traces it: no lane compaction
@@ -148,10 +152,10 @@ def minimal_step(cfg, dataset):
     return step, (params, opt.init(params), batch)
 
 
-def measure(cfg, dataset, minimal: bool = False) -> dict:
+def measure(cfg, dataset, minimal: bool = False, fallbacks: bool = False) -> dict:
     """One config's row: its training and evaluation steps clocked (and, `minimal`, the
     pure-JAX reference step)."""
-    progs = programs(cfg, dataset)
+    progs = programs(cfg, dataset, fallbacks)
     row = {name: _clock(fn, *args) for name, (fn, args) in progs.items()}
     if minimal and dataset.kind not in ("image_classification", "reconstruction",
                                         "pair_classification"):  # a sequence model
@@ -206,6 +210,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a change to every config measured (repeatable)")
     p.add_argument("--quick", action="store_true", help="the quickstart and its softmax only")
+    p.add_argument("--fallbacks", action="store_true", help="compile the backward solves' "
+                   "fallbacks into the training step (the training loop does so only once a "
+                   "step needs them)")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "compile"))
     args = p.parse_args()
     jax.config.update("jax_enable_compilation_cache", False)  # fresh compilations only
@@ -236,7 +243,7 @@ def main() -> None:
         _compare(ref, ref)
         record(f"{name} (softmax)", ref)
         if cfg.model.attention.name != "softmax":
-            row = measure(cfg, dataset)
+            row = measure(cfg, dataset, fallbacks=args.fallbacks)
             _compare(row, ref)
             record(name, row)
     if tasks:
@@ -256,7 +263,7 @@ def main() -> None:
             cfg = zoo.base_config(grid, task, fam, cell.changes)
             cfg = cfg.replace(sf.config.parse_overrides(args.set))
             try:
-                row = measure(cfg, zoo._dataset(cfg, task))
+                row = measure(cfg, zoo._dataset(cfg, task), fallbacks=args.fallbacks)
                 _compare(row, ref)
             except Exception as e:  # noqa: BLE001 - a row that says why
                 row = {"error": zoo.failure_message(e)[:120]}

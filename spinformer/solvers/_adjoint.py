@@ -8,6 +8,8 @@ output is connected to the inputs for reverse-mode differentiation.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import functools
 from typing import Callable, Optional, Union
 
@@ -258,6 +260,43 @@ def _fallback_solve(solver, rtol, max_steps, fixed_point, vjp_x, b, point, first
         return out, (True,) * 5
 
     return fallback(dyn, b, first)
+
+
+# Set by `without_fallbacks()`: backward solves traced meanwhile leave their fallback out.
+_FALLBACKS = contextvars.ContextVar("fallbacks", default=True)
+
+
+@contextlib.contextmanager
+def without_fallbacks(active: bool = True):
+    """While active (`active` True), the `Implicit` solves traced leave their backward
+    pass's `fallback` out, unless the call had `throw=True`: a backward solve that misses its
+    tolerance gives NaN gradients at once (`Implicit`), which a training step skips. The
+    fallback is a second solver, compiled into every backward pass that has one, for the
+    rare solve that needs it (a few seconds of compiling per training step); the training
+    loop compiles its step without it and, at the first skipped step of a model that has
+    one, compiles it in and takes that step again (`spinformer.train.fit`). Like
+    `cut_solves` it acts when a solve is traced, so it must surround the first trace of a
+    function."""
+    token = _FALLBACKS.set(not active)
+    try:
+        yield
+    finally:
+        _FALLBACKS.reset(token)
+
+
+def _fallback_as_set(adjoint, throw: bool):
+    """`adjoint` without its fallback where `without_fallbacks` is active and `throw` False.
+    Read by the solve before its compiled part, of which the adjoint is a static argument,
+    so a solve compiled before with the other choice is not reused."""
+    if _FALLBACKS.get() or throw or not _is_implicit(adjoint) or adjoint.fallback is None:
+        return adjoint
+    return eqx.tree_at(lambda a: a.fallback, adjoint, None, is_leaf=lambda x: x is None)
+
+
+def has_fallback(tree: PyTree) -> bool:
+    """Whether any `Implicit` adjoint in `tree` (a model, say) has a `fallback`."""
+    return any(_is_implicit(x) and x.fallback is not None
+               for x in jax.tree.leaves(tree, is_leaf=_is_implicit))
 
 
 def _is_implicit(x) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
-from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Shine
+from ._adjoint import AbstractAdjoint, Implicit, OneStep, Phantom, Shine, _fallback_as_set
 from ._lanes import while_lanes
 from ._linear import Auto
 from ._reversible import Reversible, ReversibleAdjoint
@@ -566,6 +566,7 @@ def _solve_with_aux(name, problem_cls, fn, x0, args, solver, adjoint, throw, ver
     if cut is not None:  # `cut_solves`: at most `cut` steps, reported as a success
         step_budget = cut if step_budget is None else jnp.minimum(cut, step_budget)
         throw = False
+    adjoint = _fallback_as_set(adjoint, throw)  # (`without_fallbacks`)
     sol = _solve(name, problem_cls, step, x0, args, solver, adjoint, throw, verbose,
                  _check_budget(name, step_budget), bool(trace), _PLAIN_LOOPS.get())
     if cut is not None:

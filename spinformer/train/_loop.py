@@ -18,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import _toolchain
+from ..solvers._adjoint import has_fallback
 from ..config import ConfigError, DataConfig, TrainConfig
 from . import _checkpoint as ckpt
 from . import _mesh, _orbax
@@ -442,8 +443,16 @@ def _train(loop: _Loop, state: RunState, dataset) -> tuple[RunState, int, Option
     o = loop.options
     step = start = host_step(state)
     last_eval: Optional[dict] = None
-    train_step = jit_step(loop.optimizer, accumulate=o.accumulate, precision=o.precision,
-                          mesh=loop.mesh, objective=loop.objective)  # compiled once
+    # compiled once, without the backward solves' fallbacks (seconds of compiling that most
+    # runs never use); the first skipped step of a model that has them compiles them in and
+    # is taken again, and later steps keep them
+    lazy = has_fallback(state.model)
+
+    def compile_step(fallback):
+        return jit_step(loop.optimizer, accumulate=o.accumulate, precision=o.precision,
+                        mesh=loop.mesh, objective=loop.objective, backward_fallback=fallback)
+
+    train_step = compile_step(not lazy)
     show = _Progress(loop.out.name, o.steps, step, enabled=o.progress and loop.writer)
     bad_run = 0
     with StopSignals() as signals:
@@ -452,8 +461,15 @@ def _train(loop: _Loop, state: RunState, dataset) -> tuple[RunState, int, Option
                 batch = loop.place_batch(train_batch(dataset, step, o.accumulate))
                 key = jax.random.fold_in(loop.base_key, step)
                 with _compiling(loop, "training step", first=step == start):
-                    state, metrics = train_step(state, batch, key)
+                    new, metrics = train_step(state, batch, key)
                     bad = bool(metrics["bad_step"])  # (waits for the step)
+                if bad and lazy:
+                    lazy, train_step = False, compile_step(True)
+                    with _compiling(loop, "training step with the backward solves' fallbacks "
+                                    f"(step {step + 1} was not finite without them)", True):
+                        new, metrics = train_step(state, batch, key)
+                        bad = bool(metrics["bad_step"])
+                state = new
                 step += 1  # = state.step, kept on the host
                 bad_run = bad_run + 1 if bad else 0
                 loop.bad_total += bad

@@ -13,6 +13,7 @@ import optax
 from jaxtyping import Array
 
 from .. import solvers
+from ..solvers._adjoint import without_fallbacks
 from ._metrics import _backward_metrics
 from ._objective import Objective, _objective
 from ._precision import mixed_precision
@@ -75,11 +76,13 @@ def _finite_rows(state):
 
 
 def _step(run: RunState, batch, key=None, *, optimizer, accumulate: int = 1,
-          precision: str = "float32", mesh=None, objective: Optional[Objective] = None):
+          precision: str = "float32", mesh=None, objective: Optional[Objective] = None,
+          backward_fallback: bool = True):
     model, opt_state, state = run.model, run.opt_state, run.stream
-    (loss, metrics), grads, state = _grads(model, batch, key, state, precision=precision,
-                                           accumulate=accumulate,
-                                           objective=objective or Objective())
+    with without_fallbacks(not backward_fallback):
+        (loss, metrics), grads, state = _grads(model, batch, key, state, precision=precision,
+                                               accumulate=accumulate,
+                                               objective=objective or Objective())
     # the backward-solve records ride on probe cotangents: log them, keep them from the update
     grads, records = solvers.backward_stats(grads)
     metrics.update(_backward_metrics(records))
@@ -135,7 +138,8 @@ def make_step(
 
 
 def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
-             precision: str = "float32", mesh=None, objective: Optional[Objective] = None):
+             precision: str = "float32", mesh=None, objective: Optional[Objective] = None,
+             backward_fallback: bool = True):
     """`make_step` with `optimizer` bound: `step(state, batch, key=None) -> (state, metrics)`,
     `state` a `RunState`.
 
@@ -150,6 +154,10 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
       batch's. None: whatever the inputs have.
     - `objective`: what is minimised (`Objective`: entropy term, local losses); default the
       cross-entropy.
+    - `backward_fallback`: False leaves the `Implicit` adjoints' fallback solves out of the
+      step (`solvers.without_fallbacks`): a step whose backward solve misses its tolerance is
+      then skipped (`bad_step` 1) where the fallback might have saved it; the training loop
+      takes such a step again with a step that has them (`fit`).
 
     The returned state's `step` is the input's + 1.
 
@@ -170,7 +178,8 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
         raise ValueError(f"precision={precision!r}: use 'float32' or 'bfloat16'.")
     return eqx.filter_jit(functools.partial(_step, optimizer=optimizer, accumulate=accumulate,
                                             precision=precision, mesh=mesh,
-                                            objective=objective or Objective()))
+                                            objective=objective or Objective(),
+                                            backward_fallback=backward_fallback))
 
 
 def to_device(batch: dict[str, Any]) -> dict[str, Array]:

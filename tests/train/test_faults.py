@@ -1050,6 +1050,32 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     assert [s for s, _ in train.list_checkpoints(tmp_path / "stop")] == [5]
 
 
+def test_a_backward_solve_that_needs_its_fallback_gets_it_at_once(tmp_path, capsys):
+    """The loop compiles its step without the backward solves' fallbacks; the first step whose
+    backward solve misses its tolerance (here every one: one Picard product cannot reach it)
+    compiles them in and is taken again, so no step is skipped, the run says so, and the run
+    ends where stepping with the fallbacks compiled in from the start ends, to the last bit."""
+    cfg = tiny_cfg({"model.attention": "spin", "train.steps": 3, "train.progress": True,
+                    "model.attention.adjoint": {"name": "implicit", "linear_solver": "picard",
+                                                "max_steps": 1}})
+    ds = train.build_dataset(cfg)
+    model = train.build_model(cfg, ds, key=jax.random.key(0))
+    opt = train.build_optimizer(cfg)
+    fitted, summary = train.fit(model, ds, cfg.train, out_dir=tmp_path / "run",
+                                eval_batches=cfg.data.eval_batches)
+    assert summary["bad_steps"] == 0
+    recs = [r for r in train.read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert all(r["backward_fallbacks"] > 0 for r in recs) and len(recs) == 3
+    err = capsys.readouterr().err
+    assert "with the backward solves' fallbacks (step 1 was not finite without them)" in err
+    step, state = train.jit_step(opt), train.RunState.init(model, opt)
+    for i in range(3):
+        state, _ = step(state, {k: jnp.asarray(v) for k, v in ds.batch(i).items()},
+                        jax.random.fold_in(jax.random.key(cfg.train.seed), i))
+    for a, b in zip(_state_leaves(fitted, []), _state_leaves(state.model, [])):
+        np.testing.assert_array_equal(a, b)
+
+
 def _run_cli(args, **kw):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, "-m", "spinformer", *args], env=env,
