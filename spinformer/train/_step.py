@@ -155,8 +155,8 @@ def jit_step(optimizer: optax.GradientTransformation, *, accumulate: int = 1,
     - `objective`: what is minimised (`Objective`: entropy term, local losses); default the
       cross-entropy.
     - `backward_fallback`: False leaves the `Implicit` adjoints' fallback solves out of the
-      step (`solvers.without_fallbacks`): a step whose backward solve misses its tolerance is
-      then skipped (`bad_step` 1) where the fallback might have saved it; the training loop
+      step (less to compile): a step whose backward solve misses its tolerance is then
+      skipped (`bad_step` 1) where the fallback might have saved it; the training loop
       takes such a step again with a step that has them (`fit`).
 
     The returned state's `step` is the input's + 1.
