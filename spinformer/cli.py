@@ -114,7 +114,9 @@ class _SignalEcho:
     first step): the C-level handler writes each signal to a pipe (`signal.set_wakeup_fd`),
     and a thread prints a line for the first; a second one ends the process at once (exit
     128 + signal; checkpoints are written atomically, so those on disk are intact). The
-    Python-level handling (a checkpoint after the step in flight) is unchanged.
+    Python-level handling of the first (a checkpoint after the step in flight) is unchanged;
+    the second is this thread's alone (`StopSignals.second_signal_exits_elsewhere`), so the
+    main thread does not also raise a `KeyboardInterrupt` wherever it happens to be.
 
     A repeat of the same signal within `StopSignals.SAME_REQUEST_S` of the first is the same
     request delivered twice (coreutils `timeout` signals the process, then its group)."""
@@ -136,6 +138,8 @@ class _SignalEcho:
         except ValueError:
             return self
         self.write_fd = write_fd
+        self.exits_before = StopSignals.second_signal_exits_elsewhere
+        StopSignals.second_signal_exits_elsewhere = True  # this thread does it, not a raise
         threading.Thread(target=self._echo, daemon=True).start()
         return self
 
@@ -174,6 +178,9 @@ class _SignalEcho:
         import os
 
         if self.old_fd is not None:
+            from .train import StopSignals
+
+            StopSignals.second_signal_exits_elsewhere = self.exits_before
             signal.set_wakeup_fd(self.old_fd)
             os.close(self.write_fd)  # the thread's read returns empty and it ends
         return False

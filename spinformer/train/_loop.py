@@ -60,6 +60,10 @@ class StopSignals:
     a direct one) sends SIGTERM to the process and then to its whole group."""
 
     SAME_REQUEST_S = 0.25
+    # set while the command line's signal echo is active: it ends the process on a second
+    # signal itself, so the handler must not also raise (a `KeyboardInterrupt` raised inside
+    # a finalizer would print a traceback just before the exit)
+    second_signal_exits_elsewhere = False
     _lock = threading.Lock()
     _active: list = []
     _pending: Optional[int] = None
@@ -84,6 +88,8 @@ class StopSignals:
         if self.received is not None:
             if signum == self.received and now - self.received_at < self.SAME_REQUEST_S:
                 return  # the same request delivered twice
+            if StopSignals.second_signal_exits_elsewhere:
+                return
             raise KeyboardInterrupt  # asked twice: stop now (checkpoints on disk are intact)
         self.received, self.received_at = signum, now
 
