@@ -323,6 +323,10 @@ def linear_solve(linear_solver, matvec, b, *, rtol, max_steps, point=None):
     **Returns:** `(w, ok, steps, rel)`: the solution; whether the true residual satisfies
     ‖A w − b‖₂ ≤ 10·rtol·‖b‖₂ and w is finite; the matrix–vector products used (−1 where the
     solver does not report them: `BiCGStab`); and ‖A w − b‖₂/‖b‖₂."""
+    # one traced program for the product, called from each of the solver's call sites (the
+    # starting residual, the loop, the final check): the same arithmetic (the step's
+    # outputs are bit-identical), traced and lowered once instead of at every site
+    matvec = jax.jit(matvec)
     if isinstance(linear_solver, AbstractFixedPointSolver):
         w, steps = richardson_solve(linear_solver, matvec, b, rtol=rtol, max_steps=max_steps)
         steps = steps + 1  # the first residual costs a product as well
