@@ -317,8 +317,16 @@ def cut_solves(steps: int):
     one (a layer that zeroes a failed solve's output would otherwise hide it): for asking
     whether a trained model's solves matter (`spinformer.train.solver_effect`), not for
     training. Like `plain_loops` it acts when a solve is traced, so it must surround the
-    first trace of a function (a fresh `jax.jit`); one traced before keeps its solves."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    first trace of a function (a fresh `jax.jit`); one traced before keeps its solves.
+
+    `steps` may be a 0-d integer array, traced inside the function (an argument of the
+    jitted function): then one compiled program serves every cut (`train.evaluate`'s
+    `cut_solves` is such an argument)."""
+    if isinstance(steps, jax.Array) and not isinstance(steps, bool):
+        if steps.shape != () or not jnp.issubdtype(steps.dtype, jnp.integer):
+            raise ValueError(f"cut_solves(steps={steps!r}): an array of steps must be a 0-d "
+                             "integer array.")
+    elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"cut_solves(steps={steps!r}): steps must be an int >= 0.")
     token = _CUT_SOLVES.set(steps)
     try:

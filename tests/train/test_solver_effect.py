@@ -92,6 +92,41 @@ def test_a_solve_that_matters_is_not_flagged_and_its_cuts_are_what_they_say():
         assert jnp.allclose(got, want, atol=1e-6), k
 
 
+def test_the_cuts_share_one_compiled_evaluation():
+    """`evaluate(..., cut_solves=k)` passes k as a run-time value: every cut runs one compiled
+    program (the converged evaluation keeps its own), with the same losses as a cut traced
+    for that k alone."""
+    import io
+    import logging
+
+    from spinformer.solvers._fixed_point import plain_loops
+    from spinformer.train._objective import Objective, _batch_outputs
+
+    model, batches = _model("test_relaxed")
+    jax.clear_caches()  # (another test may have traced the cut program already)
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with jax.log_compiles():
+            cut = [sf.train.evaluate(model, batches, cut_solves=k)["loss"] for k in (0, 1, 3)]
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    # (traces, not compilations: a program read from the persistent cache is not compiled)
+    assert log.getvalue().count("Finished tracing + transforming _eval_sums") == 1
+    for k, loss in zip((0, 1, 3), cut):
+        nll = count = 0.0
+        for b in batches:
+            b = {name: jnp.asarray(b[name]) for name in ("inputs", "targets", "mask")}
+            with plain_loops(), cut_solves(k):
+                sums = eqx.filter_jit(lambda m, v: _batch_outputs(m, v, None, None,
+                                                                  Objective())[0])(model, b)
+            nll, count = nll + float(sums["nll"]), count + float(sums["count"])
+        assert loss == nll / count, k
+    with pytest.raises(ValueError, match="must be an int >= 0 or None"):
+        sf.train.evaluate(model, batches, cut_solves=-1)
+
+
 def test_a_model_without_solves_has_no_solver_effect():
     model, batches = _model("softmax")
     assert sf.train.solver_effect(model, batches) is None
