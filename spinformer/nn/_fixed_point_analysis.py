@@ -97,14 +97,22 @@ def _distinct(values, ok, norm, tol):
     return jnp.sum(ok & ~seen).astype(jnp.int32)
 
 
-def _jacobian_radius(fn, m, *, key, exact_max, power_steps):
+def _jacobian_radius(fn, m, *, key, exact_max, power_steps, causal=False):
     """`(ρ, method)` of ∂fn/∂m at `m` `(n, dh)`: exact eigenvalues of the `(n·dh)²` Jacobian
     (`jax.jacfwd`) up to `exact_max` unknowns, else `solvers.spectral_radius` (power
-    iteration on Jacobian–vector products)."""
-    size = m.size
-    if size <= exact_max:
+    iteration on Jacobian–vector products). `causal`: spin i's update reads spins j ≤ i
+    only, so the Jacobian is block lower-triangular and its eigenvalues are those of its n
+    diagonal `(dh, dh)` blocks: the same ρ from n small eigenproblems, n² times less work
+    than the whole matrix's (on the quickstart's analysis, 12 blocks of 32 against one 384 × 384
+    matrix: the diagnosis ran 5 s of eigenvalues per 64 examples)."""
+    n, dh = m.shape
+    if m.size <= exact_max:
         jac = jax.jacfwd(lambda v: fn(v.reshape(m.shape)).reshape(-1))(m.reshape(-1))
-        rho = jnp.max(jnp.abs(jnp.linalg.eigvals(jac)))
+        if causal:
+            diagonal = jac.reshape(n, dh, n, dh)[jnp.arange(n), :, jnp.arange(n), :]
+            rho = jnp.max(jnp.abs(jnp.linalg.eigvals(diagonal)))
+        else:
+            rho = jnp.max(jnp.abs(jnp.linalg.eigvals(jac)))
         return rho.astype(m.dtype), "eigenvalues"
     rho = solvers.spectral_radius(lambda v, _: fn(v), m, None, key=key, steps=power_steps)
     return rho, "power iteration"
@@ -123,6 +131,7 @@ def steady_state_analysis(
     cluster_tol: Optional[float] = None,
     exact_max: int = EXACT_MAX,
     power_steps: int = _POWER_STEPS,
+    causal: bool = False,
 ) -> FixedPointAnalysis:
     """Analyse the steady states m = F(m) of one vector-spin model (one head).
 
@@ -156,6 +165,10 @@ def steady_state_analysis(
     - `cluster_tol`: distance under which two solutions are one fixed point; default
       100 × the solver's `tol`.
     - `exact_max`: largest `n·D_h` for exact eigenvalues; `power_steps`: iterations above it.
+    - `causal`: causal couplings, spin i feeling only spins j ≤ i (J's entries above the
+      diagonal are taken as zero). The Jacobian is then block lower-triangular, and its
+      exact eigenvalues are those of its n diagonal `(D_h, D_h)` blocks (the same ρ, for
+      n² times less work than the whole matrix's).
 
     **Returns:** a `FixedPointAnalysis` (no head axis). Nothing here is differentiated: the
     inputs are taken as constants.
@@ -177,6 +190,8 @@ def steady_state_analysis(
     x, J = jax.lax.stop_gradient((jnp.asarray(x), jnp.asarray(J)))
     dtype = jnp.result_type(x, J, jnp.float32)
     x, J = x.astype(dtype), J.astype(dtype)
+    if causal:
+        J = jnp.tril(J)
     ks, kp = jax.random.split(key)
 
     ness = update.ness
@@ -192,7 +207,7 @@ def steady_state_analysis(
     ok = sols.result == solvers.RESULTS.successful
     m = sols.value[0]
     rho, method = _jacobian_radius(fn, m, key=kp, exact_max=exact_max,
-                                   power_steps=power_steps)
+                                   power_steps=power_steps, causal=causal)
     return FixedPointAnalysis(
         spectral_radius=rho,
         num_fixed_points=_distinct(sols.value, ok, solver.norm, tol),
@@ -251,7 +266,7 @@ def fixed_point_analysis(
         return steady_state_analysis(
             xx, jj, beta=attention.beta, R=attention.radius, update=attention.update,
             solver=attention.solver, key=k, num_starts=num_starts, cluster_tol=cluster_tol,
-            exact_max=exact_max, power_steps=power_steps)
+            exact_max=exact_max, power_steps=power_steps, causal=attention.causal)
 
     return jax.vmap(one)(xh, J, keys)
 

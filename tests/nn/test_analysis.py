@@ -55,6 +55,18 @@ def test_spectral_radius_matches_finite_differences(update, getkey, x64):
     rho = _fd_radius(fn, a.magnetizations)
     assert 0.05 < rho < 1.0
     np.testing.assert_allclose(float(a.spectral_radius), rho, rtol=1e-6)
+    # causal couplings: the radius from the Jacobian's diagonal blocks is the whole
+    # finite-difference Jacobian's
+    L = jnp.tril(J)
+    c = analyse(x, J, beta=beta, R=R, update=update, key=jax.random.key(7), num_starts=2,
+                causal=True)
+    if update == "tap":
+        fn = jax.jit(lambda m: vector.ness_update(m, x, L, beta=beta, R=R))
+    else:
+        fn = jax.jit(lambda m: vector.magnetization(x + L @ m, beta=beta, R=R))
+    rho = _fd_radius(fn, c.magnetizations)
+    assert 0.05 < rho < 1.0 and c.method == "eigenvalues"
+    np.testing.assert_allclose(float(c.spectral_radius), rho, rtol=1e-6)
     # above exact_max the radius is estimated by power iteration on Jacobian-vector products
     b = analyse(x, J, beta=beta, R=R, update=update, key=getkey(), num_starts=2, exact_max=0)
     assert b.method == "power iteration"
