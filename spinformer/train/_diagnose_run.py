@@ -217,9 +217,8 @@ def diagnose(run_dir, *, batches: int = 1, starts: int = 8, seed: int = 0,
     key = jax.random.key(seed)
     analyses, examples = [], 0
     for b in range(batches):
-        first = "" if b else " (compiling the analysis first" + (
-            f"; --starts 0 skips the {starts} random starts, and is quicker)" if starts
-            else ")")
+        first = "" if b else (" (compiling the analysis first; a second diagnosis reads it "
+                              "from the compilation cache)")
         say(f"batch {b + 1}/{batches}: every example's fixed points from 1 + {starts} starts"
             + first)
         tokens = jnp.asarray(dataset.batch(b, "val")["inputs"])
