@@ -22,9 +22,11 @@ them on their first call:
 - `hlo`: lines of the optimised HLO, and `loops`: its while loops;
 - `x softmax`: the family's total (trace + lower + xla) over softmax's on the same cell;
 - for softmax, `x minimal`: its training step's total over a minimal pure-JAX step of the
-  same shape (token and position embeddings, pre-LN blocks of the same width, heads and
-  feed-forward width, the readout, masked cross-entropy, optax's AdamW with clipping), the
-  cost of the trainer's own work (per-example calls, metrics, the skipped-step check).
+  same shape (the model's own parameters: token and position embeddings, pre-LN blocks of
+  the same width with separate query, key, value and output weights, heads and biased
+  feed-forward layers, LayerNorms with biases, the final norm, the biased readout; masked
+  cross-entropy, optax's AdamW with clipping), the cost of the trainer's own work
+  (per-example calls, metrics, the skipped-step check, the coupling parameters' group).
 
 Nothing is read from or written to JAX's persistent compilation cache here (it is switched
 off in this process), so every figure is a fresh compilation. Ratios are family / baseline
@@ -117,27 +119,37 @@ def minimal_step(cfg, dataset):
     def dense(a, b):
         return jax.random.normal(next(keys), (a, b)) / jnp.sqrt(a)
 
-    params = {"embed": dense(vocab, d), "pos": dense(seq, d), "out": dense(d, classes),
-              "blocks": [{"qkv": dense(d, 3 * d), "o": dense(d, d), "up": dense(d, max(f, 1)),
-                          "down": dense(max(f, 1), d), "ln1": jnp.ones(d), "ln2": jnp.ones(d)}
+    def ln():
+        return {"w": jnp.ones(d), "b": jnp.zeros(d)}
+
+    # the model's own parameter list: separate query, key, value and output weights,
+    # LayerNorms with biases, biased feed-forward layers, the final norm, a biased readout
+    params = {"embed": dense(vocab, d), "pos": dense(seq, d), "norm": ln(),
+              "out": dense(d, classes), "out_b": jnp.zeros(classes),
+              "blocks": [{"q": dense(d, d), "k": dense(d, d), "v": dense(d, d),
+                          "o": dense(d, d), "up": dense(d, max(f, 1)),
+                          "up_b": jnp.zeros(max(f, 1)), "down": dense(max(f, 1), d),
+                          "down_b": jnp.zeros(d), "ln1": ln(), "ln2": ln()}
                          for _ in range(m.depth)]}
 
     def norm(x, g):
         x = x - x.mean(-1, keepdims=True)
-        return g * x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+        return g["w"] * x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-5) + g["b"]
 
     def loss(p, b):
         x = p["embed"][b["inputs"]] + p["pos"]
         causal = jnp.tril(jnp.ones((seq, seq), bool))
         for blk in p["blocks"]:
-            q, k, v = jnp.split(norm(x, blk["ln1"]) @ blk["qkv"], 3, -1)
+            y = norm(x, blk["ln1"])
+            q, k, v = (y @ blk[n] for n in "qkv")
             q, k, v = (z.reshape(*z.shape[:-1], h, d // h) for z in (q, k, v))
             s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // h)
             a = jax.nn.softmax(jnp.where(causal, s, -1e9), -1)
             x = x + jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(x.shape) @ blk["o"]
             if f:
-                x = x + jax.nn.gelu(norm(x, blk["ln2"]) @ blk["up"]) @ blk["down"]
-        logits = x @ p["out"]
+                up = jax.nn.gelu(norm(x, blk["ln2"]) @ blk["up"] + blk["up_b"])
+                x = x + up @ blk["down"] + blk["down_b"]
+        logits = norm(x, p["norm"]) @ p["out"] + p["out_b"]
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, b["targets"])
         return jnp.sum(nll * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
 
