@@ -103,8 +103,8 @@ def _jacobian_radius(fn, m, *, key, exact_max, power_steps, causal=False):
     iteration on Jacobian–vector products). `causal`: spin i's update reads spins j ≤ i
     only, so the Jacobian is block lower-triangular and its eigenvalues are those of its n
     diagonal `(dh, dh)` blocks: the same ρ from n small eigenproblems, n² times less work
-    than the whole matrix's (on the quickstart's analysis, 12 blocks of 32 against one 384 × 384
-    matrix: the diagnosis ran 5 s of eigenvalues per 64 examples)."""
+    than the whole matrix's (on the quickstart's analysis, 12 blocks of 32 against one
+    384 × 384 matrix: the diagnosis ran 5 s of eigenvalues per 64 examples)."""
     n, dh = m.shape
     if m.size <= exact_max:
         jac = jax.jacfwd(lambda v: fn(v.reshape(m.shape)).reshape(-1))(m.reshape(-1))
