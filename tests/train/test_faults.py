@@ -1229,6 +1229,24 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert "SIGINT again: stopping now" in err and "Traceback" not in err
 
 
+def test_a_second_signal_is_the_signal_echos_alone_under_the_command_line():
+    """A second Ctrl-C raises `KeyboardInterrupt` in the main thread, except while the
+    command line's signal echo is active: that thread ends the process itself, and a raise
+    in the main thread (perhaps inside a finalizer, printed as a traceback) raced its exit."""
+    from spinformer.cli import _SignalEcho
+    from spinformer.train import StopSignals
+
+    stop = StopSignals()
+    stop._handle(signal.SIGINT, None)
+    stop.received_at -= 1.0  # (not the same request delivered twice)
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+    with _SignalEcho():
+        assert StopSignals.second_signal_exits_elsewhere
+        stop._handle(signal.SIGINT, None)  # left to the echo thread: no raise
+    assert not StopSignals.second_signal_exits_elsewhere
+
+
 def test_one_sigterm_to_process_and_group_is_one_request(tmp_path):
     """coreutils `timeout` sends its SIGTERM to the command and then to the command's
     process group: delivered twice at once, it is one request (a checkpoint after the step
