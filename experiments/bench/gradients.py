@@ -18,7 +18,9 @@ After the last point, the training step of every adjoint is timed against softma
 The adjoints: the family's default, the same with `precondition=True` (started at and
 preconditioned by the forward solver's secant estimate), `GMRES → Anderson` (the backward
 solve on the Richardson map, which stops at the first product that meets the tolerance)
-with and without `precondition`, `Shine()`, `OneStep()` and `Phantom()`. Adjoints the
+with and without `precondition`, `Shine()`, `OneStep()` and `Phantom()`. Where the tight
+reference does not converge (float32 and an ill-conditioned system), it is taken at rtol
+1e-4 and the point says so; where neither converges the point has no comparison. Adjoints the
 family's forward solver cannot take (a secant estimate needs Anderson or Broyden) are
 skipped with a reason.
 
@@ -109,6 +111,19 @@ def _flat(grads):
                                                                               eqx.is_array))])
 
 
+def exact_gradient(grad, model, batch, key):
+    """`(gradient, rtol)`: the reference, `EXACT`'s solve at its rtol 1e-6, else at 1e-4
+    where that does not converge (in float32 an ill-conditioned I − ∂g/∂x cannot reach
+    1e-6: modern Hopfield's retrievals on the characters task after 400 steps), else
+    `(None, None)`."""
+    for rtol in (EXACT.rtol, 1e-4):
+        exact = dataclasses.replace(EXACT, rtol=rtol)
+        g = _flat(grad(with_adjoint(model, lambda a: exact), batch, key))
+        if bool(jnp.all(jnp.isfinite(g))):
+            return g, rtol
+    return None, None
+
+
 def compare(model, batch, key, grad, names, exact_flat):
     """name -> {cos, rel, p_b} for the adjoints `names` (name -> make) on `model`; `grad`
     the jitted gradient of the loss (one compilation per adjoint, reused at every step)."""
@@ -158,9 +173,15 @@ def measure(cfg, task, at: list[int], repeats: int, softmax_step) -> dict:
         for i in range(done, target):
             state, _ = step(state, batch(i), jax.random.key(i))
         done = target
-        exact = _flat(grad(with_adjoint(state.model, lambda a: EXACT), probe_batch, key))
+        exact, rtol = exact_gradient(grad, state.model, probe_batch, key)
+        row.setdefault("reference_rtol", {})[str(target)] = rtol
+        if exact is None:
+            row["at"][str(target)] = {}
+            print(f"  step {target}: no exact gradient (the implicit solve failed at rtol "
+                  "1e-6 and 1e-4)", flush=True)
+            continue
         row["at"][str(target)] = compare(state.model, probe_batch, key, grad, names, exact)
-        print(f"  step {target}: " + "  ".join(
+        print(f"  step {target} (exact at rtol {rtol:g}): " + "  ".join(
             f"{k} cos {v['cos']:.4f} p_b {v['p_b']:.1f}" for k, v in row["at"][str(target)].items()),
             flush=True)
     b = batch(done)
@@ -181,11 +202,19 @@ def table(rows: dict) -> str:
         if "error" in r:
             lines.append(f"| {key} | — | {r['error']} | — |")
             continue
+        refs = r.get("reference_rtol", {})
+
+        def point(s, v, name):
+            if name not in v:
+                return f"{s}: no exact gradient"
+            p_b = v[name]["p_b"]
+            tight = refs.get(s, EXACT.rtol) == EXACT.rtol
+            return (f"{s}: {v[name]['cos']:.4f} / {v[name]['rel']:.1e} / "
+                    + ("—" if not math.isfinite(p_b) else f"{p_b:.1f}")
+                    + ("" if tight else f" (exact at rtol {refs[s]:g})"))
+
         for name, ratio in r["ratio"].items():
-            cells = "; ".join(
-                f"{s}: {v[name]['cos']:.4f} / {v[name]['rel']:.1e} / "
-                + ("—" if not math.isfinite(v[name]['p_b']) else f"{v[name]['p_b']:.1f}")
-                for s, v in r["at"].items())
+            cells = "; ".join(point(s, v, name) for s, v in r["at"].items())
             lines.append(f"| {key} | {name} | {cells} | {ratio:.2f} |")
         for name, why in r["skipped"].items():
             lines.append(f"| {key} | {name} | skipped: {why} | — |")
