@@ -157,6 +157,10 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     with pytest.raises(G.GridError, match="not on this machine.*injected: no data here"):
         G.report(grid, G.Runs(runs, results / "ledger"), results)
     assert (results / "zoo.md").stat().st_mtime == stamp
+    # nor does run train nothing in silence: it says which task's data is missing
+    with pytest.raises(G.GridError, match="run: the task's data is not available for task"
+                                          r"\(s\) \['brackets'\].*injected: no data here"):
+        G.run_grid(grid, G.Runs(runs, results / "ledger"))
 
 
 def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):

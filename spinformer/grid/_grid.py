@@ -844,6 +844,15 @@ def run_grid(grid, runs: Runs, *, workers: int = 1, retry_failed: bool = False,
     the time budget). `imports` are passed on to the workers."""
     if worker:
         _pin_to_one_cpu()
+    missing = {}
+    for task in grid["_tasks"]:
+        try:
+            _dataset(base_config(grid, task, REFERENCE), task)
+        except (sf.config.ConfigError, OSError, ValueError) as e:
+            missing[task] = e
+    if missing:  # every cell of these tasks would be empty: say so rather than train nothing
+        raise GridError(f"run: {NO_DATA} for task(s) {sorted(missing)}, so nothing of them can "
+                        f"be trained: {next(iter(missing.values()))}")
     if workers > 1:
         return _spawn(grid, runs, workers, retry_failed, imports)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
