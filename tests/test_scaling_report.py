@@ -240,3 +240,43 @@ def test_empty_ledger(grid, tmp_path, capsys):
     stats = json.loads((tmp_path / "scaling.json").read_text())
     assert stats["runs"] == [] and stats["frontier"] == []
     assert (tmp_path / "loss_vs_flops.png").exists() and (tmp_path / "loss_vs_time.png").exists()
+
+
+def test_a_variant_is_paired_with_the_family_it_names(grid, tmp_path):
+    """`against: spin`: hand-written curves, read at the budget (3e12 FLOPs: seed 1's variant
+    stopped short, so its last evaluation) and at the last step both runs evaluated."""
+    g = yaml.safe_load(pathlib.Path(grid["_path"]).read_text())
+    g["families"]["spin_steps"]["against"] = "spin"
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(g, sort_keys=False))
+    curves = {  # (seed, family): [(step, FLOPs, val loss)], test loss
+        (0, "spin"): ([(100, 1e12, 3.0), (200, 2e12, 2.0), (300, 3e12, 1.8)], 1.85),
+        (0, "spin_steps"): ([(100, 0.5e12, 2.8), (200, 1e12, 2.4), (400, 2e12, 2.0),
+                             (600, 3.3e12, 1.5)], 1.55),
+        (1, "spin"): ([(100, 1e12, 2.5), (300, 3e12, 1.7)], 1.75),
+        (1, "spin_steps"): ([(100, 1e12, 2.6), (250, 2.5e12, 1.9)], 1.95),
+    }
+    ledger = tmp_path / "ledger"
+    for (seed, fam), (pts, test) in curves.items():
+        curve = [[k, f, 0.01 * k, v] for k, f, v in pts]
+        _write(ledger / "small" / fam / f"lr1_s{seed}" / "result.json",
+               _result("small", fam, seed, test=test, flops=pts[-1][1], steps=pts[-1][0],
+                       curve=curve, wall=1.0))
+    _report(G.load_grid(path), tmp_path)
+    a = json.loads((tmp_path / "scaling.json").read_text())["sizes"]["small"]["spin_steps"]
+    a = a["against"]
+    assert a["family"] == "spin" and a["test"]["n"] == 2
+    # seed 0: 2.0 - 0.5 * 1/1.3 against 1.8; seed 1: 1.9 (its last) against 1.7
+    assert a["val_at_budget"]["mean"] == pytest.approx((2.0 - 0.5 / 1.3 - 1.8 + 0.2) / 2)
+    # seed 0 at step 300: 2.2 against 1.8; seed 1 at step 250: 1.9 against 2.5 - 0.6
+    assert a["val_equal_steps"]["step"] == {"0": 300.0, "1": 250.0}
+    assert a["val_equal_steps"]["mean"] == pytest.approx(0.2)
+    assert a["test"]["mean"] == pytest.approx((-0.3 + 0.2) / 2)
+    md = (tmp_path / "scaling.md").read_text()
+    assert "## Against another variant" in md
+    assert ("| small | spin (2 mean-field time steps) | spin (steady state, TAP) | +0.0077 ± "
+            in md)
+    g["families"]["spin_steps"]["against"] = "spins"
+    path.write_text(yaml.safe_dump(g, sort_keys=False))
+    with pytest.raises(G.GridError, match="families.spin_steps.against: 'spins' is not one"):
+        G.load_grid(path)

@@ -65,7 +65,7 @@ GRID_KEYS = {"description", "experiment", "seeds", "lr_factors", "match_params",
              "families", "max_run_minutes", "imports"}
 TASK_KEYS = {"label", "config", "set", "metric", "split", "test_batches", "max_run_minutes",
              "flops", "seeds", "probe_steps"}
-FAMILY_KEYS = {"label", "set", "tasks", "match", "skip"}
+FAMILY_KEYS = {"label", "set", "tasks", "match", "skip", "against"}
 REFERENCE = "softmax"
 NO_DATA = "the task's data is not available"
 IMAGE_TASKS = ("digits", "fashion_mnist")  # tokens from the model's image stem, not seq_len
@@ -138,6 +138,9 @@ def load_grid(path, *, tasks: Optional[Sequence[str]] = None,
         if set(f) - FAMILY_KEYS:
             bad(f"families.{name}: unknown key(s) {sorted(set(f) - FAMILY_KEYS)}; known: "
                 f"{sorted(FAMILY_KEYS)}.")
+        if f.get("against") is not None and f["against"] not in grid["families"]:
+            bad(f"families.{name}.against: {f['against']!r} is not one of the grid's families "
+                f"{sorted(grid['families'])}.")
         for t in list(f.get("tasks") or {}) + list(f.get("skip") or {}):
             if t not in grid["tasks"]:
                 bad(f"families.{name}: task {t!r} is not in the grid's tasks "

@@ -198,6 +198,34 @@ def loss_at_time(curve: dict, t: float) -> float:
     return float(np.interp(t, ts, ls))
 
 
+def loss_at(curve: dict, axis: str, x: float) -> float:
+    """Returns the curve's validation loss at `x` on `axis` (`"flops"` or `"step"`), linearly
+    interpolated between the two evaluations around it; the last evaluation's where the run
+    stopped short of `x`; NaN before its first evaluation."""
+    ok = np.isfinite(curve[axis]) & np.isfinite(curve["loss"])
+    xs, ls = curve[axis][ok], curve["loss"][ok]
+    if not len(xs) or x < xs[0]:
+        return math.nan
+    return float(np.interp(x, xs, ls))
+
+
+def against_stats(curves: dict, tests: dict, budget: float) -> dict:
+    """Returns the paired differences of a family and the family its grid entry names as
+    `against`, over the seeds both finished. `curves` and `tests` map each seed to a pair
+    `(family's, other's)`: `val_at_budget` (the validation loss at the size's FLOP budget,
+    `loss_at`), `test` (the test loss, at the FLOPs each run spent) and `val_equal_steps`
+    (at the last step both runs evaluated; `step` per seed)."""
+    steps = {k: float(min(np.nanmax(a["step"]), np.nanmax(b["step"])))
+             for k, (a, b) in curves.items()}
+    return {"val_at_budget": _interval([loss_at(a, "flops", budget) - loss_at(b, "flops", budget)
+                                        for a, b in curves.values()]),
+            "test": _interval([a - b for a, b in tests.values()]),
+            "val_equal_steps": {**_interval([loss_at(a, "step", steps[k])
+                                             - loss_at(b, "step", steps[k])
+                                             for k, (a, b) in curves.items()]),
+                                "step": steps}}
+
+
 def equal_time_gap(curve: dict, ref: dict) -> tuple[float, float]:
     """Returns `(T, gap)`: T the shorter of the two runs' total times (each its last
     evaluation's time), and the validation loss of `curve` minus that of `ref` at T (NaN
@@ -294,6 +322,14 @@ def _size_stats(grid, cells, curves, size, fam) -> dict:
              per_seed={k: {"test_loss": test[k], "flops": flops[k],
                            "wall_time_s": res[k].get("wall_time_s")} for k in sorted(res)})
     s["solver_effect"] = effect_summary(res.values())
+    other = grid["families"][fam].get("against")
+    both = sorted(set(res) & set(cells[size, other]["results"])) if (size, other) in cells \
+        else []
+    if both:
+        o = cells[size, other]["results"]
+        s["against"] = {"family": other, **against_stats(
+            {k: (curves[size, fam, k], curves[size, other, k]) for k in both},
+            {k: (test[k], float(o[k]["test"]["loss"])) for k in both}, budget)}
     common = sorted(set(res) & set(ref["results"]))
     if fam == REFERENCE or not common:
         return s
@@ -404,6 +440,26 @@ def markdown(grid, config, stats: dict) -> str:
               "rough where workers shared the machine."]
     for size, t in sizes.items():
         lines += _size_table(grid, size, t, stats["sizes"][size])
+    against = [(size, fam, a) for size in sizes for fam in fams
+               if (a := stats["sizes"][size][fam].get("against"))]
+    if against:
+        lines += ["", "## Against another variant", "",
+                  "Each family whose grid entry names another (`against`), paired by seed with "
+                  "it (`*`: the 95 % interval excludes zero; negative: the family is lower): "
+                  "the validation loss at the size's FLOP budget (each run's curve "
+                  "interpolated there; a run that spent less is read at its last evaluation), "
+                  "the test loss (at the FLOPs each run spent), and the validation loss at "
+                  "equal steps (at the last step both runs evaluated; the run with more steps is "
+                  "earlier in its learning-rate decay there, which favours the other).", "",
+                  "| size | family | against | Δ val loss at the budget | Δ test loss | "
+                  "Δ val loss at equal steps (step) | seeds |", "|---|---|---|---|---|---|---|"]
+        for size, fam, a in against:
+            at = ", ".join(f"{v:.0f}" for v in a["val_equal_steps"]["step"].values())
+            lines.append(f"| {size} | {_label(grid, fam)} | {_label(grid, a['family'])} | "
+                         f"{_pm(a['val_at_budget'], signed=True)} | "
+                         f"{_pm(a['test'], signed=True)} | "
+                         f"{_pm(a['val_equal_steps'], signed=True)} ({at}) | "
+                         f"{a['test']['n']} |")
     effects = [(size, fam, e) for size in sizes for fam in fams
                if (e := stats["sizes"][size][fam].get("solver_effect"))]
     if effects:
