@@ -21,6 +21,30 @@ def _solver_steps(metrics: dict) -> str:
     return f"{metrics['solver_steps']:.1f}" + (f" ({per_layer})" if per_layer else "")
 
 
+def _flat(value, prefix: str = "") -> dict:
+    """A nested settings dict as `{"adjoint.name": "implicit", ...}`."""
+    if not isinstance(value, dict):
+        return {prefix.rstrip("."): value}
+    return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+
+
+def attention_labels(configs: Sequence[dict], most: int = 3) -> list[str]:
+    """Each run's attention for a table: its name, and the settings in which it differs
+    from the other runs of the same attention (at most `most`, then `…`), e.g. `spin
+    (adjoint.name: onestep)`. `configs` are the runs' config dicts."""
+    flat = [_flat((c.get("model") or {}).get("attention", "?")) for c in configs]
+    names = [f.get("name", f.get("", "?")) for f in flat]
+    out = []
+    for f, name in zip(flat, names):
+        peers = [g for g, n in zip(flat, names) if n == name]
+        keys = sorted({k for g in peers for k in g} - {"name", ""})
+        diff = [k for k in keys if len({json.dumps(g.get(k)) for g in peers}) > 1 and k in f]
+        extra = ", ".join(f"{k}: {f[k]}" for k in diff[:most]) + (", …" if len(diff) > most
+                                                                   else "")
+        out.append(f"{name} ({extra})" if extra else str(name))
+    return out
+
+
 def _summary(d: pathlib.Path) -> dict:
     """`summary.json` of a run directory, or for a run still going or stopped before its end
     a stand-in from `metrics.jsonl` (`"unfinished": True`, the newest validation record as
@@ -55,7 +79,7 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
     **Returns:** the table as a string (also written to `out_dir/report.md`).
     """
     dirs = [pathlib.Path(d) for d in run_dirs]
-    rows, runs = [], {}
+    rows, runs, configs = [], {}, []
     unfinished, baselines = [], []
     for d in dirs:
         s = _summary(d)
@@ -64,13 +88,14 @@ def report(run_dirs: Sequence, out_dir=None) -> str:
             unfinished.append(d.name)
         cfg = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
         m = s.get("metrics", {})
+        configs.append(cfg)
         rows.append((
-            d.name + (" (unfinished)" if s.get("unfinished") else ""),
-            (cfg.get("model") or {}).get("attention", "?"), s.get("steps"),
+            d.name + (" (unfinished)" if s.get("unfinished") else ""), None, s.get("steps"),
             m.get("loss"), m.get("accuracy"), _solver_steps(m), s.get("wall_time_s"),
             s.get("bad_steps", 0),
         ))
         runs[d.name] = read_metrics(d)
+    rows = [(r[0], label, *r[2:]) for r, label in zip(rows, attention_labels(configs))]
     head = ("| run | attention | steps | skipped steps | val loss | val accuracy | solver steps "
             "(per layer) | wall time (s) |")
     sep = "|---|---|---|---|---|---|---|---|"

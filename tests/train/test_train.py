@@ -251,6 +251,26 @@ def test_early_stopping_and_outputs(tmp_path):
     assert "accuracy" in table and (tmp_path / "report_loss.png").exists()
 
 
+def test_report_names_each_attention_by_what_sets_it_apart():
+    """The report's attention column: the attention's name, and where runs of the same
+    attention differ, those settings (not the whole settings dict)."""
+    from spinformer.train._report import attention_labels
+
+    spin = {"name": "spin", "beta": 2.0, "adjoint": {"name": "implicit", "rtol": 1e-3}}
+    runs = [{"model": {"attention": spin}},
+            {"model": {"attention": {**spin, "adjoint": {"name": "onestep"}}}},
+            {"model": {"attention": {**spin, "beta": 1.0, "solver": {"name": "picard"},
+                                     "adjoint": {"name": "shine"}}}},
+            {"model": {"attention": {"name": "softmax"}}}, {}]
+    assert attention_labels(runs, most=2) == [
+        "spin (adjoint.name: implicit, adjoint.rtol: 0.001, …)",
+        "spin (adjoint.name: onestep, beta: 2.0)", "spin (adjoint.name: shine, beta: 1.0, …)",
+        "softmax", "?"]
+    assert attention_labels(runs[:2]) == ["spin (adjoint.name: implicit, adjoint.rtol: 0.001)",
+                                          "spin (adjoint.name: onestep)"]
+    assert attention_labels(runs[:1]) == ["spin"]
+
+
 def test_solver_steps_figure_draws_counted_backward_products(tmp_path, monkeypatch):
     from spinformer.train import _figures
 
