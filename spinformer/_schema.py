@@ -623,6 +623,10 @@ def read_yaml(path) -> dict:
                           "or train settings (start from a shipped one: `spinformer list`).")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections.")
+    if "experiment" in raw and "families" in raw:
+        raise ConfigError(f"{p}: a grid (experiment: {raw['experiment']}), not a training run; "
+                          f"run it with `spinformer grid run {p}` (`spinformer grid plan {p}` "
+                          "lists its cells).")
     if "experiment" in raw:
         raise ConfigError(f"{p}: an experiment config (experiment: {raw['experiment']}), "
                           f"not a training run; run it with `python experiments/"

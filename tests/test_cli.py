@@ -141,6 +141,11 @@ def test_list_report_and_errors(tmp_path, capsys, monkeypatch):
     p.write_text("description: lm\ndata:\n  task: chars\n  path: shakespeare\n")
     assert cli.main(["run", str(p), "--out", str(tmp_path / "lm")]) == 2
     assert "spinformer data fetch shakespeare" in capsys.readouterr().err
+    # a grid given to `run` or `show` says how grids run; an experiment's config, its script
+    for name, how in (("zoo/adjoints", "`spinformer grid run "),
+                      ("attractor/quick", "`python experiments/attractor.py all --config ")):
+        assert cli.main(["show", name]) == 2
+        assert how in capsys.readouterr().err, name
 
 
 def test_default_out_dir(tmp_path, monkeypatch):
