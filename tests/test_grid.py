@@ -73,7 +73,7 @@ def test_zoo_plan_every_cell_builds_or_says_why():
     assert {j[3] for j in first[2 * n_live:]} == {1}
 
 
-def test_zoo_quick_grid(tmp_path, monkeypatch):
+def test_zoo_quick_grid(tmp_path, monkeypatch, capsys):
     """The quick grid end to end on one task: the learning rate is chosen on seed 0, a run
     that raises is recorded and the grid goes on, the report has every cell and both
     figures, and a second `run` trains nothing."""
@@ -151,6 +151,8 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     def no_data(cfg):
         raise OSError("injected: no data here")
 
+    real_build = sf.train.build_dataset
+
     monkeypatch.setattr(zoo, "_DATASETS", {})
     monkeypatch.setattr(sf.train, "build_dataset", no_data)
     grid = G.load_grid(GRIDS / "quick.yaml", tasks=["brackets"], families=["hopfield"])
@@ -161,6 +163,25 @@ def test_zoo_quick_grid(tmp_path, monkeypatch):
     with pytest.raises(G.GridError, match="run: the task's data is not available for task"
                                           r"\(s\) \['brackets'\].*injected: no data here"):
         G.run_grid(grid, G.Runs(runs, results / "ledger"))
+    # with another task whose data is here, that one trains and the missing one is named
+    monkeypatch.setattr(sf.train, "build_dataset", lambda cfg: (
+        no_data(cfg) if cfg.data.task == "brackets" else real_build(cfg)))
+    monkeypatch.setattr(zoo, "_DATASETS", {})
+    grid = G.load_grid(GRIDS / "quick.yaml", tasks=["brackets", "digits"], families=["softmax"])
+    trained.clear()
+
+    def fake_run(grid, runs, cell, factor, seed, **kw):  # records the run as done
+        out = runs.dir(cell.task, cell.family, factor, seed)
+        out.mkdir(parents=True)
+        (out / "result.json").write_text(json.dumps({"val": {"loss": 1.0, "accuracy": 0.5}}))
+        trained.append(cell.task)
+        return True
+
+    monkeypatch.setattr(zoo, "train_run", fake_run)
+    G.run_grid(grid, G.Runs(tmp_path / "other", tmp_path / "other_ledger"))
+    assert set(trained) == {"digits"}
+    assert "task brackets is left out: the task's data is not available" in \
+        capsys.readouterr().out
 
 
 def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):

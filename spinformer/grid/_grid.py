@@ -853,9 +853,12 @@ def run_grid(grid, runs: Runs, *, workers: int = 1, retry_failed: bool = False,
             _dataset(base_config(grid, task, REFERENCE), task)
         except (sf.config.ConfigError, OSError, ValueError) as e:
             missing[task] = e
-    if missing:  # every cell of these tasks would be empty: say so rather than train nothing
+    if missing and len(missing) == len(grid["_tasks"]):  # nothing could train: say why
         raise GridError(f"run: {NO_DATA} for task(s) {sorted(missing)}, so nothing of them can "
                         f"be trained: {next(iter(missing.values()))}")
+    if missing and not worker:  # said once, not by every worker
+        for task, e in missing.items():
+            print(f"grid: task {task} is left out: {NO_DATA}: {e}", flush=True)
     if workers > 1:
         return _spawn(grid, runs, workers, retry_failed, imports)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])
