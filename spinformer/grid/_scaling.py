@@ -440,8 +440,7 @@ def markdown(grid, config, stats: dict) -> str:
               "rough where workers shared the machine."]
     for size, t in sizes.items():
         lines += _size_table(grid, size, t, stats["sizes"][size])
-    against = [(size, fam, a) for size in sizes for fam in fams
-               if (a := stats["sizes"][size][fam].get("against"))]
+    against = _cells_with(stats, "against")
     if against:
         lines += ["", "## Against another variant", "",
                   "Each family whose grid entry names another (`against`), paired by seed with "
@@ -460,8 +459,7 @@ def markdown(grid, config, stats: dict) -> str:
                          f"{_pm(a['test'], signed=True)} | "
                          f"{_pm(a['val_equal_steps'], signed=True)} ({at}) | "
                          f"{a['test']['n']} |")
-    effects = [(size, fam, e) for size in sizes for fam in fams
-               if (e := stats["sizes"][size][fam].get("solver_effect"))]
+    effects = _cells_with(stats, "solver_effect")
     if effects:
         lines += ["", "## Is the solver doing anything?", "",
                   "The test loss of the trained models with every solve cut to its starting "
@@ -490,6 +488,12 @@ def markdown(grid, config, stats: dict) -> str:
         lines += ["", "Not run by the grid: "] + [f"- {k}: {v}"
                                                    for k, v in stats["skipped"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _cells_with(stats: dict, key: str) -> list[tuple]:
+    """`(size, family, value)` for every cell of the report whose numbers hold `key`."""
+    return [(size, fam, v) for size, per_fam in stats["sizes"].items()
+            for fam, cell in per_fam.items() if (v := cell.get(key))]
 
 
 def _size_table(grid, size, task, per_fam) -> list[str]:
