@@ -848,7 +848,7 @@ def run_grid(grid, runs: Runs, *, workers: int = 1, retry_failed: bool = False,
     if worker:
         _pin_to_one_cpu()
     missing = {}
-    for task in grid["_tasks"]:
+    for task in [] if worker else grid["_tasks"]:  # checked once, by the process that spawns
         try:
             _dataset(base_config(grid, task, REFERENCE), task)
         except (sf.config.ConfigError, OSError, ValueError) as e:
@@ -856,9 +856,8 @@ def run_grid(grid, runs: Runs, *, workers: int = 1, retry_failed: bool = False,
     if missing and len(missing) == len(grid["_tasks"]):  # nothing could train: say why
         raise GridError(f"run: {NO_DATA} for task(s) {sorted(missing)}, so nothing of them can "
                         f"be trained: {next(iter(missing.values()))}")
-    if missing and not worker:  # said once, not by every worker
-        for task, e in missing.items():
-            print(f"grid: task {task} is left out: {NO_DATA}: {e}", flush=True)
+    for task, e in missing.items():
+        print(f"grid: task {task} is left out: {NO_DATA}: {e}", flush=True)
     if workers > 1:
         return _spawn(grid, runs, workers, retry_failed, imports)
     cells = plan_cells(grid, grid["_tasks"], grid["_families"])

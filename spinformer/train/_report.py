@@ -11,6 +11,7 @@ import yaml
 
 from ._figures import layers_of, plot_runs
 from ._loop import read_metrics, skipped_steps_note
+from ._rundir import _diff
 
 
 def _solver_steps(metrics: dict) -> str:
@@ -21,27 +22,24 @@ def _solver_steps(metrics: dict) -> str:
     return f"{metrics['solver_steps']:.1f}" + (f" ({per_layer})" if per_layer else "")
 
 
-def _flat(value, prefix: str = "") -> dict:
-    """A nested settings dict as `{"adjoint.name": "implicit", ...}`."""
-    if not isinstance(value, dict):
-        return {prefix.rstrip("."): value}
-    return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-
-
 def attention_labels(configs: Sequence[dict], most: int = 3) -> list[str]:
     """Each run's attention for a table: its name, and the settings in which it differs
     from the other runs of the same attention (at most `most`, then `…`), e.g. `spin
     (adjoint.name: onestep)`. `configs` are the runs' config dicts."""
-    flat = [_flat((c.get("model") or {}).get("attention", "?")) for c in configs]
-    names = [f.get("name", f.get("", "?")) for f in flat]
-    out = []
-    for f, name in zip(flat, names):
-        peers = [g for g, n in zip(flat, names) if n == name]
-        keys = sorted({k for g in peers for k in g} - {"name", ""})
-        diff = [k for k in keys if len({json.dumps(g.get(k)) for g in peers}) > 1 and k in f]
-        extra = ", ".join(f"{k}: {f[k]}" for k in diff[:most]) + (", …" if len(diff) > most
-                                                                   else "")
-        out.append(f"{name} ({extra})" if extra else str(name))
+    atts = [(c.get("model") or {}).get("attention", "?") for c in configs]
+    atts = [a if isinstance(a, dict) else {"name": a} for a in atts]
+
+    def value(a, key):  # the setting at a dotted key, or `missing`
+        for part in key.split("."):
+            a = a.get(part, missing) if isinstance(a, dict) else missing
+        return a
+
+    missing, out = object(), []
+    for a in atts:
+        keys = sorted({k for b in atts if b.get("name") == a.get("name") for k in _diff(a, b)})
+        shown = [f"{k}: {v}" for k in keys if (v := value(a, k)) is not missing]
+        extra = ", ".join(shown[:most]) + (", …" if len(shown) > most else "")
+        out.append(f"{a.get('name', '?')} ({extra})" if extra else str(a.get("name", "?")))
     return out
 
 
