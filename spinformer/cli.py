@@ -589,7 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "per step; run: train what is unfinished; report: tables and figures from "
                     "the ledger; all: run, then report")
     gr.add_argument("grid", help="a grid file, or a shipped grid's name (zoo/full, zoo/quick, "
-                    "zoo/scaling, zoo/headline, zoo/adjoints; `spinformer list` shows them)")
+                    "zoo/scaling, zoo/headline, zoo/adjoints, zoo/adjoints_tasks; `spinformer "
+                    "list` shows them)")
     _import_option(gr)
     gr.add_argument("--runs", help="the run directories (default: runs/<experiment>; local to "
                     "the machine that trains them)")

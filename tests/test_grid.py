@@ -184,6 +184,37 @@ def test_zoo_quick_grid(tmp_path, monkeypatch, capsys):
         capsys.readouterr().out
 
 
+def test_an_equal_steps_report_pairs_a_variant_with_the_family_it_names():
+    """`against: spin` in a grid without FLOP budgets: the variant's metric minus the
+    family's, over the seeds both finished (hand-written results)."""
+    from spinformer.grid import _report
+
+    grid = G.load_grid(GRIDS / "adjoints_tasks.yaml", tasks=["brackets12"])
+
+    def result(acc):
+        return {"split": "test", "test": {"accuracy": acc}, "val": {}, "steps_per_s": 10.0,
+                "lr": 1e-2, "wall_time_s": 1.0, "bad_steps": 0}
+
+    accs = {"softmax": (0.99, 0.98, 0.97), "spin": (1.0, 1.0, 0.99),
+            "spin_onestep": (0.93, 0.95, None), "spin_shine": (None, 0.96, None)}
+    data = {("brackets12", f): {"label": f, "reason": None, "params": 1, "match": None,
+                                "failures": [], "step_memory_bytes": None,
+                                "results": {k: result(a) for k, a in enumerate(v)
+                                            if a is not None}}
+            for f, v in accs.items()}
+    stats = _report.summarise(grid, data)
+    a = stats["brackets12", "spin_onestep"]["against"]
+    assert a["family"] == "spin" and a["n"] == 2
+    assert a["gap"] == pytest.approx(-0.06) and a["gap_ci"] > 0
+    one = stats["brackets12", "spin_shine"]["against"]
+    assert one["n"] == 1 and one["gap"] == pytest.approx(-0.04)
+    assert "against" not in stats["brackets12", "spin"]
+    lines = _report._against_table(grid, ["brackets12"], list(accs), stats)
+    assert "| brackets T=12 | spin_onestep | spin | -6.0 ± " in "\n".join(lines)
+    assert "| brackets T=12 | spin_shine | spin | -4.0 (1 seed) (accuracy) | 1 |" in lines
+    assert _report._against_table(grid, ["brackets12"], ["softmax", "spin"], stats) == []
+
+
 def test_zoo_time_budget_stops_a_run_and_records_why(tmp_path):
     """A run over the grid's `max_run_minutes` is stopped after the step in flight,
     checkpointed and recorded as failed with the budget in its message; `--retry-failed`

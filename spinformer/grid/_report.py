@@ -102,6 +102,13 @@ def summarise(grid, data: dict) -> dict:
         s["solver_effect"] = effect_summary(res.values())
         s["lr"] = next(iter(res.values()))["lr"]
         s["wall_s"] = float(np.mean([r["wall_time_s"] or 0 for r in res.values()]))
+    for (task, fam), s in out.items():  # a variant against the family it names, by seed
+        other = out.get((task, grid["families"][fam].get("against")), {})
+        common = sorted(set(s.get("values", {})) & set(other.get("values", {})))
+        if common:
+            gap, ci = mean_ci([s["values"][k] - other["values"][k] for k in common])
+            s["against"] = {"family": grid["families"][fam]["against"], "gap": gap,
+                            "gap_ci": ci, "n": len(common)}
     return out
 
 
@@ -201,6 +208,7 @@ def zoo_report(grid, runs: Runs, results) -> dict:
             _cell_text(grid, t, stats[t, f], short=True) for t in tasks) + " |")
     for t in tasks:
         lines += _task_table(grid, t, fams, stats)
+    lines += _against_table(grid, tasks, fams, stats)
     fails = [(t, f, x) for t in tasks for f in fams for x in stats[t, f]["failures"]]
     if fails:
         lines += ["", "## Failed runs", "", "| task | family | run | last step | error |",
@@ -280,6 +288,30 @@ def _task_table(grid, task, fams, stats) -> list[str]:
                if stats[task, f]["reason"]]
     if reasons:
         lines += [""] + [f"- {lab}: {why}" for lab, why in reasons]
+    return lines
+
+
+def _against_table(grid, tasks, fams, stats) -> list[str]:
+    """The section pairing each family whose grid entry names another (`against`) with it,
+    by seed: the difference of the task's metric; none where no family names another."""
+    rows = [(t, f, stats[t, f]["against"]) for t in tasks for f in fams
+            if "against" in stats[t, f]]
+    if not rows:
+        return []
+    lines = ["", "## Against another variant", "",
+             "Each family whose grid entry names another (`against`), paired by seed with it: "
+             "the difference of the task's metric (accuracy in points; negative: lower than "
+             "the other), mean ± the half-width of its 95 % t-interval, `*` where the "
+             "interval excludes zero.", "",
+             "| task | family | against | Δ metric | seeds |", "|---|---|---|---|---|"]
+    for t, f, a in rows:
+        metric = grid["tasks"][t]["metric"]
+        scale, d = (100, 1) if metric == "accuracy" else (1, 4 if metric == "mse" else 3)
+        star = "*" if a["n"] > 1 and abs(a["gap"]) > a["gap_ci"] else ""
+        gap = (f"{scale * a['gap']:+.{d}f} ± {scale * a['gap_ci']:.{d}f}{star}"
+               if a["n"] > 1 else f"{scale * a['gap']:+.{d}f} (1 seed)")
+        lines.append(f"| {grid['tasks'][t].get('label', t)} | {stats[t, f]['label']} | "
+                     f"{stats[t, a['family']]['label']} | {gap} ({metric}) | {a['n']} |")
     return lines
 
 
