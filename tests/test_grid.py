@@ -191,8 +191,9 @@ def test_an_equal_steps_report_pairs_a_variant_with_the_family_it_names():
 
     grid = G.load_grid(GRIDS / "adjoints_tasks.yaml", tasks=["brackets12"])
 
-    def result(acc):
-        return {"split": "test", "test": {"accuracy": acc}, "val": {}, "steps_per_s": 10.0,
+    def result(acc):  # the loss on the test split, where the grid recorded it
+        test = {"accuracy": acc} if acc == 0.96 else {"accuracy": acc, "loss": 1 - acc}
+        return {"split": "test", "test": test, "val": {}, "steps_per_s": 10.0,
                 "lr": 1e-2, "wall_time_s": 1.0, "bad_steps": 0}
 
     accs = {"softmax": (0.99, 0.98, 0.97), "spin": (1.0, 1.0, 0.99),
@@ -206,12 +207,14 @@ def test_an_equal_steps_report_pairs_a_variant_with_the_family_it_names():
     a = stats["brackets12", "spin_onestep"]["against"]
     assert a["family"] == "spin" and a["n"] == 2
     assert a["gap"] == pytest.approx(-0.06) and a["gap_ci"] > 0
+    assert a["loss_gap"] == pytest.approx(0.06) and a["loss_gap_ci"] == pytest.approx(
+        a["gap_ci"])
     one = stats["brackets12", "spin_shine"]["against"]
-    assert one["n"] == 1 and one["gap"] == pytest.approx(-0.04)
+    assert one["n"] == 1 and one["gap"] == pytest.approx(-0.04) and "loss_gap" not in one
     assert "against" not in stats["brackets12", "spin"]
     lines = _report._against_table(grid, ["brackets12"], list(accs), stats)
     assert "| brackets T=12 | spin_onestep | spin | -6.0 ± " in "\n".join(lines)
-    assert "| brackets T=12 | spin_shine | spin | -4.0 (1 seed) (accuracy) | 1 |" in lines
+    assert "| brackets T=12 | spin_shine | spin | -4.0 (1 seed) (accuracy) | — | 1 |" in lines
     assert _report._against_table(grid, ["brackets12"], ["softmax", "spin"], stats) == []
 
 

@@ -109,7 +109,18 @@ def summarise(grid, data: dict) -> dict:
             gap, ci = mean_ci([s["values"][k] - other["values"][k] for k in common])
             s["against"] = {"family": grid["families"][fam]["against"], "gap": gap,
                             "gap_ci": ci, "n": len(common)}
+            pairs = [(_loss(data[task, fam]["results"][k]),
+                      _loss(data[task, s["against"]["family"]]["results"][k])) for k in common]
+            if all(a is not None and b is not None for a, b in pairs):
+                s["against"]["loss_gap"], s["against"]["loss_gap_ci"] = mean_ci(
+                    [a - b for a, b in pairs])
     return out
+
+
+def _loss(result: dict) -> Optional[float]:
+    """The loss on the split the task's metric is read on; None where not recorded (runs
+    recovered from an old report)."""
+    return (result.get("test") if result.get("split") == "test" else result["val"]).get("loss")
 
 
 def effect_summary(results) -> Optional[dict]:
@@ -301,17 +312,25 @@ def _against_table(grid, tasks, fams, stats) -> list[str]:
     lines = ["", "## Against another variant", "",
              "Each family whose grid entry names another (`against`), paired by seed with it: "
              "the difference of the task's metric (accuracy in points; negative: lower than "
-             "the other), mean ± the half-width of its 95 % t-interval, `*` where the "
-             "interval excludes zero.", "",
-             "| task | family | against | Δ metric | seeds |", "|---|---|---|---|---|"]
+             "the other) and of the loss on the same split, mean ± the half-width of its 95 % "
+             "t-interval, `*` where the interval excludes zero.", "",
+             "| task | family | against | Δ metric | Δ loss | seeds |",
+             "|---|---|---|---|---|---|"]
+
+    def pm(mean, ci, n, scale, d):
+        star = "*" if n > 1 and abs(mean) > ci else ""
+        return (f"{scale * mean:+.{d}f} ± {scale * ci:.{d}f}{star}" if n > 1
+                else f"{scale * mean:+.{d}f} (1 seed)")
+
     for t, f, a in rows:
         metric = grid["tasks"][t]["metric"]
         scale, d = (100, 1) if metric == "accuracy" else (1, 4 if metric == "mse" else 3)
-        star = "*" if a["n"] > 1 and abs(a["gap"]) > a["gap_ci"] else ""
-        gap = (f"{scale * a['gap']:+.{d}f} ± {scale * a['gap_ci']:.{d}f}{star}"
-               if a["n"] > 1 else f"{scale * a['gap']:+.{d}f} (1 seed)")
+        loss = (pm(a["loss_gap"], a["loss_gap_ci"], a["n"], 1, 4) if "loss_gap" in a
+                else "—")
         lines.append(f"| {grid['tasks'][t].get('label', t)} | {stats[t, f]['label']} | "
-                     f"{stats[t, a['family']]['label']} | {gap} ({metric}) | {a['n']} |")
+                     f"{stats[t, a['family']]['label']} | "
+                     f"{pm(a['gap'], a['gap_ci'], a['n'], scale, d)} ({metric}) | {loss} | "
+                     f"{a['n']} |")
     return lines
 
 
