@@ -201,7 +201,9 @@ def zoo_report(grid, runs: Runs, results) -> dict:
     tasks, fams = grid["_tasks"], grid["_families"]
     unit = {"accuracy": "accuracy %", "perplexity": "perplexity", "loss": "loss",
             "mse": "MSE per pixel"}
-    lines = ["# The attention zoo", "", grid.get("description", ""), "",
+    # the description's first sentence is the title (the shipped grids' is a title)
+    title, _, rest = grid.get("description", "").partition(". ")
+    lines = [f"# {title or 'The attention zoo'}", "", rest, "",
              f"Grid `{_rel(grid['_path'])}`; seeds {grid['seeds']}; learning rate: the task's "
              f"times the best of {grid['lr_factors']} on seed {grid['seeds'][0]}'s validation "
              "loss; parameters matched to softmax's where the family's knob allows (see each "
