@@ -3,11 +3,16 @@
 `jax.lax.while_loop` under `vmap` runs its body on every example until the slowest one is
 done, keeping the finished ones with a `select`: a batch whose solves take 17 iterations on
 average and 73 at most pays 73 for all of them. `while_lanes` gives the same result (every
-system goes through the same iterations, bit for bit) at about the cost of its active
-systems: once at most half of them are still running, it gathers those into a batch half the
-size and runs the loop on that, and so on down to two systems. Each level compiles one more
-copy of the loop body (7 for the 128 systems of 32 examples × 4 heads); halving saved more
-than quartering on modern Hopfield's retrievals (docs/results/cost.md).
+system goes through the same iterations) at about the cost of its active systems: once at
+most half of them are still running, it gathers those into a batch half the size and runs
+the loop on that, and so on down to batches of `_FLOOR` (8) systems. Each level compiles one
+more copy of the loop body (5 for the 128 systems of 32 examples × 4 heads); halving saved
+more than quartering on modern Hopfield's retrievals, and levels of 4 and 2 systems cost
+compilation without saving step time (docs/results/cost.md). The tests check the results
+bit for bit against the plain loop's on small problems, and floors of 2, 8 and 16 trained
+the zoo's cells measured to the same bits; but a floor of 32 changed modern Hopfield's
+characters cell in the last bits after 60 steps: XLA may round a batch of one size
+differently from another, so it is not a guarantee.
 
 Nested `vmap`s (examples × heads) are flattened into one batch of systems first, so the
 compaction sees every system of the call at once.
@@ -23,6 +28,10 @@ import jax.numpy as jnp
 
 # Each level gathers the active systems into a batch this many times smaller than the last.
 _SHRINK = 2
+# The smallest batch a level gathers (>= 2): smaller levels cost a compiled copy of the loop
+# each and saved no step time on the CPU (docs/results/cost.md, "Lane compaction where it
+# pays")
+_FLOOR = 8
 
 
 def while_lanes(cond: Callable[[Any, Any], Any], body: Callable[[Any, Any], Any],
@@ -104,7 +113,7 @@ def _axes_leaves(d, d_axes):
 
 def _compact(cond, body, d_axes, d, c):
     """Run every system of `c` (leading axis n) until its `cond` is False, gathering the
-    active ones into batches of n/4, n/16, ... once few enough are left."""
+    active ones into batches of n/2, n/4, ... (at least `_FLOOR`) once few enough are left."""
     n = jax.tree.leaves(c)[0].shape[0]
     vcond = jax.vmap(cond, in_axes=(d_axes, 0))
     vbody = jax.vmap(body, in_axes=(d_axes, 0))
@@ -124,7 +133,7 @@ def _compact(cond, body, d_axes, d, c):
                                   (cc, active))
 
     sizes = [n]
-    while sizes[-1] > _SHRINK:
+    while -(-sizes[-1] // _SHRINK) >= _FLOOR:
         sizes.append(-(-sizes[-1] // _SHRINK))
     active = vcond(d, c)
     c, active = level(d, c, active, sizes[1] if len(sizes) > 1 else 0)
