@@ -1350,7 +1350,7 @@ def test_a_vmapped_solve_compacts_only_from_the_step_cap_that_pays():
             return S.fixed_point(lambda x, a: 0.5 * jnp.tanh(x) + a, jnp.zeros(3), b,
                                  solver=S.Picard(tol=1e-6, max_steps=max_steps),
                                  throw=False).value
-        return str(jax.make_jaxpr(jax.vmap(one))(jnp.ones((8, 3))))
+        return str(jax.make_jaxpr(jax.vmap(one))(jnp.ones((16, 3))))  # levels 16, 8
 
     plain, compacting = jaxpr(COMPACT_FROM_STEPS - 1), jaxpr(COMPACT_FROM_STEPS)
     assert "sort" not in plain and plain.count("while[") == 1
