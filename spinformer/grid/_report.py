@@ -318,7 +318,8 @@ def _task_table(grid, task, fams, stats) -> list[str]:
 
 def _against_table(grid, tasks, fams, stats) -> list[str]:
     """The section pairing each family whose grid entry names another (`against`) with it,
-    by seed: the difference of the task's metric; none where no family names another."""
+    by seed: the differences of the task's metric and of the loss on its split; no section
+    where no family names another."""
     rows = [(t, f, stats[t, f]["against"]) for t in tasks for f in fams
             if "against" in stats[t, f]]
     if not rows:
