@@ -54,10 +54,15 @@ class GMRES(AbstractLinearSolver):
     applied twice), takes the minimal-residual combination, and checks the true residual
     with one product more; that residual starts the next cycle. A cycle stops adding to its
     basis as soon as the minimal residual it can reach (tracked by Givens rotations, free)
-    meets the tolerance. The budget is rounded up to whole cycles. So a solve costs
+    meets the tolerance; the combination is then a back substitution in the rotated
+    Hessenberg matrix. The budget is rounded up to whole cycles. So a solve costs
     1 + Σ_cycles (basis size + 1) products, at most 1 + cycles·(restart + 1): the starting
     residual, then per cycle the basis and the check, which is the residual `linear_solve`
     reports. No cycle runs when the starting guess already meets the tolerance.
+
+    The starting residual and each cycle's check are one product site in the compiled
+    loop (an iteration checks its candidate, then builds the next cycle's basis from the
+    residual it keeps), so the map's product is compiled twice, not three times.
 
     (`jax.scipy.sparse.linalg.gmres` ends each cycle with a true residual of its own that a
     caller cannot read, so checking its answer costs restart + 2 products a cycle; this
@@ -87,28 +92,32 @@ class GMRES(AbstractLinearSolver):
         cycles = max(1, math.ceil(max_steps / restart))
         target = rtol * l2_norm(b)
 
-        def cond(c):
-            _, _, rnorm, k, _ = c
-            return (rnorm > target) & (k < cycles)
-
-        def body(c):
-            w, r, rnorm, k, products = c
-            d, size = _arnoldi_correction(matvec, r, rnorm, restart, target)
+        def check_then_build(c):
+            # check the candidate w + d (the first time: w = b), keep it if it lowered the
+            # residual (always the first time: that is the starting residual), then build
+            # the next cycle's correction from the residual kept; a system that stops
+            # builds nothing (its basis loop ends at once) and keeps d at 0. Under vmap the
+            # loop runs on for systems that have stopped; the loop's own select leaves
+            # them as they are.
+            w, d, r, rnorm, k, products, first, _ = c
             w_new = w + d
             r_new = b - matvec(w_new)
             rnorm_new = l2_norm(r_new)
-            # Under vmap the loop runs on for systems that have already converged: such a
-            # system (or a cycle that broke down into NaN) keeps its previous answer.
-            going = rnorm > target
-            keep = going & jnp.isfinite(rnorm_new) & (rnorm_new < rnorm)
-            return (jnp.where(keep, w_new, w), jnp.where(keep, r_new, r),
-                    jnp.where(keep, rnorm_new, rnorm), k + 1,
-                    products + jnp.where(going, size + 1, 0))
+            keep = first | (jnp.isfinite(rnorm_new) & (rnorm_new < rnorm))
+            w, r = jnp.where(keep, w_new, w), jnp.where(keep, r_new, r)
+            rnorm = jnp.where(keep, rnorm_new, rnorm)
+            k = k + jnp.where(first, 0, 1)
+            go = (rnorm > target) & (k < cycles)
+            d, size = _arnoldi_correction(matvec, r, rnorm, restart,
+                                          jnp.where(go, target, jnp.inf))
+            return (w, jnp.where(go, d, 0.0), r, rnorm, k, products + 1 + size,
+                    jnp.zeros_like(first), go)
 
-        r0 = b - matvec(b)
-        rnorm0 = l2_norm(r0)
-        w, _, rnorm, _, products = jax.lax.while_loop(
-            cond, body, batched_like((b, r0, rnorm0, 0, jnp.ones((), jnp.int32)), rnorm0))
+        zero = jnp.zeros((), jnp.int32)
+        init = (b, jnp.zeros_like(b), b, jnp.full((), jnp.inf, b.dtype), zero, zero,
+                jnp.ones((), bool), jnp.ones((), bool))
+        w, _, _, rnorm, _, products, _, _ = jax.lax.while_loop(
+            lambda c: c[-1], check_then_build, batched_like(init, b))
         return w, products, rnorm
 
 
@@ -116,14 +125,15 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int, target):
     """`(d, products)`: the correction d in K_k(A, r) minimising ‖r − A d‖₂, for the first
     basis size k ≤ `restart` whose minimal residual is ≤ `target` (else k = `restart`), and
     k, the products it took. The minimal residual of each k comes from Givens rotations of
-    the Hessenberg matrix, as the basis grows; d itself from a least-squares solve on the
-    first k columns (the others zero), which at k = `restart` is the full cycle's."""
+    the Hessenberg matrix, as the basis grows; d itself from a back substitution in the
+    rotated (upper triangular) matrix's first k columns. `target = inf` builds nothing
+    (k = 0, d = 0)."""
     shape, dtype = r.shape, r.dtype
     dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)  # as jax's GMRES
     tiny = jnp.finfo(dtype).tiny
     V = jnp.zeros((restart + 1, r.size), dtype)
     V = V.at[0].set(r.reshape(-1) / jnp.where(rnorm > tiny, rnorm, 1.0))
-    H = jnp.zeros((restart + 1, restart), dtype)
+    R = jnp.zeros((restart + 1, restart), dtype)
     rows = jnp.arange(restart + 1)
     # the rotations so far (cosines, sines) and the rotated right-hand side rnorm·e1, whose
     # entry k + 1 is the minimal residual with k + 1 basis vectors (up to sign)
@@ -135,7 +145,7 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int, target):
         return (k < restart) & (jnp.abs(g[k]) > target)
 
     def arnoldi(c):
-        k, V, H, cs, sn, g = c
+        k, V, R, cs, sn, g = c
         v = matvec(V[k].reshape(shape)).reshape(-1)
         basis = rows <= k
         h = jnp.where(basis, dot(V, v), 0.0)
@@ -147,7 +157,6 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int, target):
         # a breakdown (norm 0: the basis spans the solution) leaves the next vectors at 0
         V = V.at[k + 1].set(jnp.where(norm > tiny, v / jnp.where(norm > tiny, norm, 1.0),
                                       0.0))
-        H = H.at[:, k].set(h)
 
         def rotate(i, h):  # the earlier rotations, applied to the new column
             a, b = h[i], h[i + 1]
@@ -160,13 +169,17 @@ def _arnoldi_correction(matvec, r, rnorm, restart: int, target):
         c = jnp.where(rho > tiny, h[k] / jnp.where(rho > tiny, rho, 1.0), 1.0)
         s_ = jnp.where(rho > tiny, h[k + 1] / jnp.where(rho > tiny, rho, 1.0), 0.0)
         g = g.at[k + 1].set(-s_ * g[k]).at[k].set(c * g[k])
-        return k + 1, V, H, cs.at[k].set(c), sn.at[k].set(s_), g
+        R = R.at[:, k].set(h.at[k].set(rho).at[k + 1].set(0.0))  # rotated: upper triangular
+        return k + 1, V, R, cs.at[k].set(c), sn.at[k].set(s_), g
 
-    k, V, H, _, _, _ = jax.lax.while_loop(
-        going, arnoldi, batched_like((jnp.zeros((), jnp.int32), V, H, cs, sn, g), rnorm))
-    H = jnp.where(jnp.arange(restart)[None, :] < k, H, 0.0)  # columns past k: unused
-    e1 = jnp.zeros((restart + 1,), dtype).at[0].set(rnorm)
-    y = jnp.linalg.lstsq(H, e1)[0]
+    k, V, R, _, _, g = jax.lax.while_loop(
+        going, arnoldi, batched_like((jnp.zeros((), jnp.int32), V, R, cs, sn, g), rnorm))
+    # min ‖rnorm·e1 − H y‖ over the first k columns is R[:k, :k] y = g[:k]; the columns past
+    # k are unused: an identity block there gives y = 0 for them
+    used = jnp.arange(restart) < k
+    R = jnp.where(used[:, None] & used[None, :], R[:restart],
+                  jnp.eye(restart, dtype=dtype))
+    y = jax.scipy.linalg.solve_triangular(R, jnp.where(used, g[:restart], 0.0), lower=False)
     return dot(y, V[:restart]).reshape(shape), k
 
 
