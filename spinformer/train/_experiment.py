@@ -13,6 +13,7 @@ import dataclasses
 import pathlib
 from typing import Optional, Sequence
 
+import equinox as eqx
 import jax
 
 from .. import config as _config
@@ -130,10 +131,16 @@ def load_run(run_dir, *, dataset=None):
     import_run_modules(run_dir)  # a run trained with --import: its attention's module
     cfg = _config.load_config(saved)
     dataset = build_dataset(cfg) if dataset is None else dataset
-    model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
-    # the run state its checkpoints hold (a streaming run's also the carried stream state)
-    stream = init_stream_state(model, dataset.batch(0, "train")) if cfg.data.stream else None
-    like = RunState.init(model, build_optimizer(cfg), stream=stream)
+    batch = dataset.batch(0, "train") if cfg.data.stream else None
+
+    def shape_of_state():  # the run state its checkpoints hold (a streaming run's also
+        # the carried stream state); only its shapes are built: the checkpoint has every
+        # value, and building the model's arrays would compile some 50 small programs
+        model = build_model(cfg, dataset, key=jax.random.key(cfg.train.seed))
+        stream = init_stream_state(model, batch) if batch is not None else None
+        return RunState.init(model, build_optimizer(cfg), stream=stream)
+
+    like = eqx.filter_eval_shape(shape_of_state)
     got = load_latest(run_dir, like)
     if got is None and _orbax.OrbaxCheckpoints(run_dir).exists():  # a sharded run's
         got = _orbax.OrbaxCheckpoints(run_dir).restore_latest(like)

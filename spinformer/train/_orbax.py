@@ -50,7 +50,10 @@ def _require():
 
 
 def _leaves(tree):
-    arrays, static = eqx.partition(tree, eqx.is_array)
+    """The array leaves of `tree` (or their shapes, from `eqx.filter_eval_shape`) by name,
+    the tree's structure, and the rest."""
+    arrays, static = eqx.partition(
+        tree, lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))
     leaves, treedef = jax.tree.flatten(arrays)
     return {f"{i:05d}": x for i, x in enumerate(leaves)}, treedef, static
 
