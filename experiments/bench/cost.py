@@ -4,6 +4,7 @@ measured time ratio beside the arithmetic bound, at the zoo's task sizes.
     python experiments/bench/cost.py                       # brackets16, chars, nli; every family
     python experiments/bench/cost.py --tasks nli --families spin,boltzmann_mf
     python experiments/bench/cost.py --quick               # brackets16, a smoke test
+    python experiments/bench/cost.py --families boltzmann_mf --set model.attention.adjoint=onestep
     python experiments/bench/cost.py --ratio-only --tasks brackets16,chars,nli,fmnist,\
         fmnist_masked --out experiments/results/cost/rates   # the zoo's step-rate columns
 
@@ -203,6 +204,9 @@ def main() -> None:
     p.add_argument("--ratio-only", action="store_true", help="time ratios only (no FLOP "
                    "counts, no loop column): the zoo's step-rate columns, for every task of "
                    "the grid")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of every family's config (not softmax's), e.g. "
+                   "--set model.attention.adjoint=onestep; its rows are named with it")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "cost"))
     args = p.parse_args()
     grid = zoo.load_grid(ROOT / "configs" / "zoo" / "full.yaml")
@@ -232,21 +236,23 @@ def main() -> None:
                        fwd=lambda: loss(state.model, batch, key))
         for fam in families:
             cell = cells[task, fam]
-            old = rows.get(f"{task}/{fam}")
+            name = f"{task}/{fam}" + (f" ({', '.join(args.set)})" if args.set else "")
+            old = rows.get(name)
             if fam == "softmax" or cell.reason or (args.flops_only and (
                     old is None or "error" in old)):
                 continue
             cfg = zoo.base_config(grid, task, fam, cell.changes)
             try:
+                cfg = cfg.replace(sf.config.parse_overrides(args.set))
                 if args.flops_only:  # the timings stay; the bound is recounted
                     r = {**old, **effective_flops(cfg, task, old["k_f"], old["p_b"])}
                     r.update(bound=ref["flops"] / r["flops"])
                     r.update(at_bound=r["ratio"] / r["bound"])
                 else:
                     r = measure(cfg, task, ref, repeats, args.train_steps, args.ratio_only)
-                rows[f"{task}/{fam}"] = r
+                rows[name] = r
             except Exception as e:  # noqa: BLE001 - a row that says why
-                rows[f"{task}/{fam}"] = r = {"error": zoo.failure_message(e)[:120]}
+                rows[name] = r = {"error": zoo.failure_message(e)[:120]}
             print(f"{task:12s} {fam:20s} " + json.dumps(
                 {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
                 flush=True)
